@@ -1,0 +1,180 @@
+"""The MSDA operator: ``torch.library`` custom ops (forward, backward) with
+fake implementations and autograd, and the mmcv-compatible functional API.
+
+Dispatch: CUDA tensors run the Triton kernels through the custom ops; so do
+CPU tensors when ``TRITON_INTERPRET=1`` (the kernels run in Triton's
+interpreter, which is how CI tests them).  Other CPU tensors run the
+pure-PyTorch reference with plain autograd.  The custom ops are opaque to
+``torch.compile``, so a compiled model has no graph break here, and no host
+synchronisation happens in either direction (CUDA-graph capturable).
+"""
+from __future__ import annotations
+
+import warnings
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from . import launch
+from .reference import level_start_index_from_shapes, msda_reference
+from .validate import check_inputs, check_level_sizes
+
+
+def _use_triton(t: Tensor) -> bool:
+    return t.is_cuda or launch.interpreter_enabled()
+
+
+def _require_triton(t: Tensor) -> None:
+    if not _use_triton(t):
+        raise RuntimeError(f"msda_mm's Triton op needs CUDA tensors, or TRITON_INTERPRET=1 for "
+                           f"CPU ones; got {t.device}. multi_scale_deformable_attention runs "
+                           f"the PyTorch reference on CPU.")
+
+
+def resolve_fp32_grad_accum(value: Tensor, fp32_grad_accum: Optional[bool]) -> bool:
+    """Whether grad_value is accumulated in an fp32 scratch buffer.
+
+    Auto (None): only for bf16 value where bf16 atomics are slow or missing:
+    compute capability < 9.0 (A100: no native bf16 atomic add, it becomes a
+    compare-and-swap loop, ~10x slower) and the Triton interpreter (no bf16
+    atomics at all).  fp16 has native atomics from sm_70 on and stays native.
+    """
+    if fp32_grad_accum is not None:
+        if (not fp32_grad_accum and value.dtype == torch.bfloat16 and not value.is_cuda
+                and launch.interpreter_enabled()):
+            raise ValueError("fp32_grad_accum=False needs native bf16 atomics, which the Triton "
+                             "interpreter (TRITON_INTERPRET=1) does not have; use None or True")
+        return bool(fp32_grad_accum)
+    if value.dtype != torch.bfloat16:
+        return False
+    if value.is_cuda:
+        return torch.cuda.get_device_capability(value.device) < (9, 0)
+    return True
+
+
+def _is_empty(value: Tensor, sampling_locations: Tensor) -> bool:
+    # No output element (B, Q, M or D is 0): nothing to launch or sample.
+    return value.shape[3] == 0 or sampling_locations.shape[:3].numel() == 0
+
+
+def _alert_nondeterministic() -> None:
+    # PyTorch's convention for ops with atomics (e.g. grid_sample's CUDA
+    # backward): raise under use_deterministic_algorithms(True), warn under
+    # warn_only=True.  The CPU reference path is deterministic and never gets here.
+    if not torch.are_deterministic_algorithms_enabled():
+        return
+    msg = ("msda_mm backward (grad_value accumulated with atomic adds) does not have a "
+           "deterministic implementation, but you set 'torch.use_deterministic_algorithms(True)'")
+    if torch.is_deterministic_algorithms_warn_only_enabled():
+        warnings.warn(msg + " with warn_only=True.", stacklevel=3)
+    else:
+        raise RuntimeError(msg + ". Use warn_only=True, or run this op on CPU tensors (pure "
+                           "PyTorch reference) where determinism is required.")
+
+
+@torch.library.custom_op("msda_mm::msda_forward", mutates_args=())
+def msda_forward(value: Tensor, spatial_shapes: Tensor, level_start_index: Tensor,
+                 sampling_locations: Tensor, attention_weights: Tensor,
+                 fp32_grad_accum: Optional[bool]) -> Tensor:
+    """Shapes as in ``multi_scale_deformable_attention``; returns (B, Q, M*D)
+    in value's dtype.  fp32_grad_accum only travels to the backward."""
+    if _is_empty(value, sampling_locations):
+        B, _, M, D = value.shape
+        return value.new_zeros(B, sampling_locations.shape[1], M * D)
+    _require_triton(value)
+    check_level_sizes(spatial_shapes, value.shape[1])
+    return launch.msda_forward(value, spatial_shapes, level_start_index, sampling_locations,
+                               attention_weights)
+
+
+@msda_forward.register_fake
+def _(value, spatial_shapes, level_start_index, sampling_locations, attention_weights,
+      fp32_grad_accum):
+    B, _, M, D = value.shape
+    return value.new_empty(B, sampling_locations.shape[1], M * D)
+
+
+@torch.library.custom_op("msda_mm::msda_backward", mutates_args=())
+def msda_backward(grad_output: Tensor, value: Tensor, spatial_shapes: Tensor,
+                  level_start_index: Tensor, sampling_locations: Tensor,
+                  attention_weights: Tensor,
+                  fp32_grad_accum: Optional[bool]) -> tuple[Tensor, Tensor, Tensor]:
+    """Returns (grad_value, grad_sampling_locations, grad_attention_weights),
+    contiguous, each in its input's shape and dtype."""
+    if _is_empty(value, sampling_locations):
+        return (value.new_zeros(value.shape), sampling_locations.new_zeros(sampling_locations.shape),
+                attention_weights.new_zeros(attention_weights.shape))
+    _require_triton(value)
+    _alert_nondeterministic()
+    return launch.msda_backward(grad_output, value, spatial_shapes, level_start_index,
+                                sampling_locations, attention_weights,
+                                resolve_fp32_grad_accum(value, fp32_grad_accum))
+
+
+@msda_backward.register_fake
+def _(grad_output, value, spatial_shapes, level_start_index, sampling_locations,
+      attention_weights, fp32_grad_accum):
+    return (value.new_empty(value.shape), sampling_locations.new_empty(sampling_locations.shape),
+            attention_weights.new_empty(attention_weights.shape))
+
+
+def _setup_context(ctx, inputs, output):
+    value, spatial_shapes, level_start_index, sampling_locations, attention_weights, accum = inputs
+    ctx.save_for_backward(value, spatial_shapes, level_start_index, sampling_locations,
+                          attention_weights)
+    ctx.fp32_grad_accum = accum
+
+
+def _backward(ctx, grad_output):
+    value, spatial_shapes, level_start_index, sampling_locations, attention_weights = \
+        ctx.saved_tensors
+    grad_value, grad_loc, grad_attn = msda_backward(
+        grad_output, value, spatial_shapes, level_start_index, sampling_locations,
+        attention_weights, ctx.fp32_grad_accum)
+    return grad_value, None, None, grad_loc, grad_attn, None
+
+
+msda_forward.register_autograd(_backward, setup_context=_setup_context)
+
+
+def multi_scale_deformable_attention(
+    value: Tensor,
+    spatial_shapes: Tensor,
+    level_start_index: Optional[Tensor],
+    sampling_locations: Tensor,
+    attention_weights: Tensor,
+    im2col_step: Optional[int] = None,
+    *,
+    fp32_grad_accum: Optional[bool] = None,
+) -> Tensor:
+    """Multi-Scale Deformable Attention, a drop-in for mmcv's
+    ``MultiScaleDeformableAttnFunction.apply`` (same positional arguments).
+
+    Args:
+        value: (B, S, M, D) float, S = sum_l H_l * W_l.
+        spatial_shapes: (L, 2) int32/int64 (H_l, W_l).
+        level_start_index: (L,) int offsets of each level in S, or None to
+            derive them from spatial_shapes (on the device, no sync).
+        sampling_locations: (B, Q, M, L, K, 2) normalised (x, y); may be a
+            different float dtype than value (kept, never rounded to value's).
+        attention_weights: (B, Q, M, L, K) float, any float dtype.
+        im2col_step: accepted for mmcv compatibility and ignored.
+        fp32_grad_accum: accumulate grad_value in fp32 scratch (True), in
+            value's dtype with native atomics (False), or choose from the
+            device (None): fp32 only for bf16 below compute capability 9.0.
+
+    Returns:
+        (B, Q, M * D) in value's dtype.  Gradients flow to value,
+        sampling_locations and attention_weights, each in its own dtype.
+    """
+    del im2col_step
+    check_inputs(value, spatial_shapes, level_start_index, sampling_locations, attention_weights)
+    if not _use_triton(value):
+        check_level_sizes(spatial_shapes, value.shape[1])
+        return msda_reference(value, spatial_shapes, sampling_locations, attention_weights,
+                              level_start_index).to(value.dtype)
+    if level_start_index is None:
+        level_start_index = level_start_index_from_shapes(spatial_shapes)
+    return msda_forward(value, spatial_shapes, level_start_index, sampling_locations,
+                        attention_weights, fp32_grad_accum)

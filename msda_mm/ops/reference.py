@@ -1,0 +1,79 @@
+"""Pure-PyTorch Multi-Scale Deformable Attention.
+
+The semantics every other path in msda_mm is tested against, and the CPU
+implementation models use.  Bilinear sampling with zero padding through
+``F.grid_sample(align_corners=False)``, i.e. the pixel coordinate of a
+normalised location ``x`` in a level of width ``W`` is ``x * W - 0.5``: the
+same function as mmcv's ``multi_scale_deformable_attn_pytorch`` and its CUDA
+kernel.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def level_start_index_from_shapes(spatial_shapes: torch.Tensor) -> torch.Tensor:
+    """Offsets of each level in the flattened value sequence, computed on the
+    shapes' own device (no host synchronisation).
+
+    spatial_shapes: (L, 2) integer (H, W) per level.  Returns (L,) int64.
+    """
+    sizes = spatial_shapes[:, 0].long() * spatial_shapes[:, 1].long()
+    return torch.cumsum(sizes, 0) - sizes
+
+
+def msda_reference(
+    value: torch.Tensor,
+    spatial_shapes: torch.Tensor,
+    sampling_locations: torch.Tensor,
+    attention_weights: torch.Tensor,
+    level_start_index: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Multi-scale deformable attention in plain PyTorch.
+
+    Args:
+        value: (B, S, M, D), S = sum over levels of H_l * W_l.
+        spatial_shapes: (L, 2) integer (H_l, W_l).
+        sampling_locations: (B, Q, M, L, K, 2) normalised (x, y) in [0, 1].
+        attention_weights: (B, Q, M, L, K).
+        level_start_index: (L,) offsets of each level in S, or None to use the
+            cumulative sizes of ``spatial_shapes``.
+
+    Non-finite locations contribute zero and receive zero gradient.
+
+    Returns:
+        (B, Q, M * D) in the promoted dtype of the three float inputs.
+        Differentiable with respect to all float inputs.
+
+    The level shapes are read on the host (grid_sample needs Python ints),
+    so this path synchronises with CUDA tensors; it is the reference, not the
+    fast path.
+    """
+    dtype = torch.promote_types(
+        torch.promote_types(value.dtype, sampling_locations.dtype), attention_weights.dtype)
+    value = value.to(dtype)
+    loc = sampling_locations.to(dtype)
+    # A non-finite location samples nothing (as in mmcv's CUDA kernel);
+    # grid_sample would return NaN, so move it far outside every level.
+    loc = torch.where(torch.isfinite(loc), loc, torch.full_like(loc, -2.0))
+    grids = 2 * loc - 1
+    B, S, M, D = value.shape
+    _, Q, _, L, K, _ = sampling_locations.shape
+    if level_start_index is None:
+        level_start_index = level_start_index_from_shapes(spatial_shapes)
+    shapes = spatial_shapes.tolist()
+    starts = level_start_index.tolist()
+    sampled = []
+    for lvl, ((h, w), start) in enumerate(zip(shapes, starts)):
+        # (B, h*w, M, D) -> (B*M, D, h, w)
+        v = value[:, start:start + h * w].permute(0, 2, 3, 1).reshape(B * M, D, h, w)
+        # (B, Q, M, K, 2) -> (B*M, Q, K, 2)
+        g = grids[:, :, :, lvl].transpose(1, 2).reshape(B * M, Q, K, 2)
+        sampled.append(F.grid_sample(v, g, mode="bilinear", padding_mode="zeros",
+                                     align_corners=False))  # (B*M, D, Q, K)
+    # (B*M, D, Q, L, K) weighted by (B*M, 1, Q, L, K), summed over L and K.
+    stacked = torch.stack(sampled, dim=3)
+    weights = attention_weights.to(dtype).transpose(1, 2).reshape(B * M, 1, Q, L, K)
+    out = (stacked * weights).sum(dim=(-2, -1))  # (B*M, D, Q)
+    return out.view(B, M, D, Q).permute(0, 3, 1, 2).reshape(B, Q, M * D)

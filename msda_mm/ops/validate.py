@@ -1,0 +1,96 @@
+"""Input checks for the MSDA op: clear Python exceptions naming the argument
+and what was seen, instead of asserts, CUDA faults or silent garbage.
+
+Only metadata is inspected (shapes, dtypes, devices), never values of device
+tensors, so checking costs no host synchronisation.
+"""
+from __future__ import annotations
+
+import torch
+
+_FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def _check_float(name: str, t) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype not in _FLOATS:
+        raise TypeError(f"{name} must be float16, bfloat16, float32 or float64, got {t.dtype}")
+
+
+def _check_int(name: str, t) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be an integer torch.Tensor, got {type(t).__name__}")
+    if t.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"{name} must be an int32 or int64 tensor, got {t.dtype}")
+
+
+def check_inputs(value, spatial_shapes, level_start_index, sampling_locations,
+                 attention_weights) -> None:
+    """Raise TypeError/ValueError unless the arguments form a valid MSDA call.
+
+    value (B, S, M, D); spatial_shapes (L, 2) int; level_start_index (L,) int
+    or None; sampling_locations (B, Q, M, L, K, 2); attention_weights
+    (B, Q, M, L, K).
+    """
+    _check_float("value", value)
+    _check_float("sampling_locations", sampling_locations)
+    _check_float("attention_weights", attention_weights)
+    _check_int("spatial_shapes", spatial_shapes)
+    if level_start_index is not None:
+        _check_int("level_start_index", level_start_index)
+
+    if value.dim() != 4:
+        raise ValueError(f"value must be (B, S, M, D), got shape {tuple(value.shape)}")
+    if sampling_locations.dim() != 6 or sampling_locations.shape[-1] != 2:
+        raise ValueError("sampling_locations must be (B, Q, M, L, K, 2), got shape "
+                         f"{tuple(sampling_locations.shape)}")
+    if attention_weights.dim() != 5:
+        raise ValueError("attention_weights must be (B, Q, M, L, K), got shape "
+                         f"{tuple(attention_weights.shape)}")
+    if spatial_shapes.dim() != 2 or spatial_shapes.shape[1] != 2:
+        raise ValueError(f"spatial_shapes must be (L, 2), got shape {tuple(spatial_shapes.shape)}")
+
+    B, S, M, D = value.shape
+    Bl, Q, Ml, L, K, _ = sampling_locations.shape
+    if (Bl, Ml) != (B, M):
+        raise ValueError(
+            f"sampling_locations {tuple(sampling_locations.shape)} disagrees with value "
+            f"{tuple(value.shape)} on batch B or heads M")
+    if tuple(attention_weights.shape) != (B, Q, M, L, K):
+        raise ValueError(
+            f"attention_weights must be (B, Q, M, L, K) = {(B, Q, M, L, K)} to match "
+            f"sampling_locations {tuple(sampling_locations.shape)}, got "
+            f"{tuple(attention_weights.shape)}")
+    if spatial_shapes.shape[0] != L:
+        raise ValueError(f"spatial_shapes has {spatial_shapes.shape[0]} levels but "
+                         f"sampling_locations {tuple(sampling_locations.shape)} has L={L}")
+    if level_start_index is not None and tuple(level_start_index.shape) != (L,):
+        raise ValueError(f"level_start_index must be ({L},), got shape "
+                         f"{tuple(level_start_index.shape)}")
+    if L == 0 or K == 0:
+        raise ValueError(f"need at least one level and one point, got L={L}, K={K}")
+
+    tensors = {"value": value, "spatial_shapes": spatial_shapes,
+               "sampling_locations": sampling_locations, "attention_weights": attention_weights}
+    if level_start_index is not None:
+        tensors["level_start_index"] = level_start_index
+    devices = {name: t.device for name, t in tensors.items()}
+    if len(set(devices.values())) > 1:
+        raise ValueError("all tensors must be on one device, got "
+                         + ", ".join(f"{n}: {d}" for n, d in devices.items()))
+
+
+def check_level_sizes(spatial_shapes: torch.Tensor, S: int) -> None:
+    """Raise ValueError if the levels do not tile value's S positions.
+
+    Only for CPU shapes, where reading them costs no device synchronisation
+    (the kernels also mask any index past S, so CUDA shapes that disagree
+    read zeros rather than out of bounds).
+    """
+    if spatial_shapes.device.type != "cpu":
+        return
+    total = int((spatial_shapes[:, 0].long() * spatial_shapes[:, 1].long()).sum())
+    if total != S:
+        raise ValueError(f"spatial_shapes {spatial_shapes.tolist()} cover {total} positions "
+                         f"but value has S={S}")

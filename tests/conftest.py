@@ -1,0 +1,32 @@
+"""Test-session set-up.
+
+Without a GPU the Triton kernels run in Triton's interpreter on CPU tensors:
+TRITON_INTERPRET must be set before msda_mm (and so the @triton.jit kernels)
+is imported, which is why it happens here and not in a fixture.
+"""
+import os
+
+import pytest
+import torch
+
+HAS_CUDA = torch.cuda.is_available()
+if not HAS_CUDA:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+def pytest_collection_modifyitems(config, items):
+    # GPU tests are never skipped silently: they say why in the report.
+    if HAS_CUDA:
+        return
+    skip = pytest.mark.skip(reason="needs CUDA: run `python -m pytest -m gpu tests` on the H200")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture
+def reference_backend(monkeypatch):
+    """Run CPU tensors through the pure-PyTorch reference instead of the
+    interpreted kernels (whole-model tests would take minutes in the
+    interpreter).  Dispatch reads TRITON_INTERPRET at call time."""
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
