@@ -4,7 +4,8 @@ One program owns a tile of BLOCK_Q queries of one (batch, head) pair and the
 whole head dimension: every sampled corner is a contiguous row of D values,
 so the gathers (forward) and the scattered atomic adds (backward) are
 row-vectorised along D.  Locations and weights are read in whatever float
-dtype they come in and all arithmetic is fp32; only the stores round.
+dtype they come in and all arithmetic is in ACC (fp32, or fp64 when an input
+is fp64, which gradcheck needs); only the stores round.
 
 Offsets into value/grad_value/output are int64 so tensors past 2**31
 elements work.  Level shapes and start offsets are read on the device: no
@@ -75,6 +76,7 @@ def msda_fwd_kernel(
     stride_ab, stride_aq, stride_am, stride_al, stride_ak,
     stride_ob, stride_oq, stride_om, stride_od,
     L: tl.constexpr, K: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_D: tl.constexpr,
+    ACC: tl.constexpr,
 ):
     """out[b, q, m, :] = sum_{l,k} attn[b,q,m,l,k] * bilinear(value[b, level l, m, :], loc[b,q,m,l,k]).
 
@@ -97,24 +99,24 @@ def msda_fwd_kernel(
     v_base = _head_base(value_ptr, b, m, stride_vb, stride_vm)
     loc_base = _point_ptrs(loc_ptr, b, q, m, stride_lb, stride_lq, stride_lm)
     attn_base = _point_ptrs(attn_ptr, b, q, m, stride_ab, stride_aq, stride_am)
-    acc = tl.zeros([BLOCK_Q, BLOCK_D], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_Q, BLOCK_D], dtype=ACC)
     for l in tl.static_range(L):
         H = tl.load(shapes_ptr + 2 * l)
         W = tl.load(shapes_ptr + 2 * l + 1)
         start = tl.load(starts_ptr + l)
         for k in tl.static_range(K):
             lp = loc_base + l * stride_ll + k * stride_lk
-            x = tl.load(lp, mask=qmask, other=0.0).to(tl.float32)
-            y = tl.load(lp + stride_lc, mask=qmask, other=0.0).to(tl.float32)
-            w = tl.load(attn_base + l * stride_al + k * stride_ak, mask=qmask, other=0.0).to(tl.float32)
+            x = tl.load(lp, mask=qmask, other=0.0).to(ACC)
+            y = tl.load(lp + stride_lc, mask=qmask, other=0.0).to(ACC)
+            w = tl.load(attn_base + l * stride_al + k * stride_ak, mask=qmask, other=0.0).to(ACC)
             i00, m00, m01, m10, m11, lx, ly = _bilinear_corners(x, y, H, W, start, S, qmask)
             p00 = _row_ptrs(v_base, i00, stride_vs, offs_d, stride_vd)
             p10 = p00 + W.to(tl.int64) * stride_vs
             dm = dmask[None, :]
-            v00 = tl.load(p00, mask=m00[:, None] & dm, other=0.0).to(tl.float32)
-            v01 = tl.load(p00 + stride_vs, mask=m01[:, None] & dm, other=0.0).to(tl.float32)
-            v10 = tl.load(p10, mask=m10[:, None] & dm, other=0.0).to(tl.float32)
-            v11 = tl.load(p10 + stride_vs, mask=m11[:, None] & dm, other=0.0).to(tl.float32)
+            v00 = tl.load(p00, mask=m00[:, None] & dm, other=0.0).to(ACC)
+            v01 = tl.load(p00 + stride_vs, mask=m01[:, None] & dm, other=0.0).to(ACC)
+            v10 = tl.load(p10, mask=m10[:, None] & dm, other=0.0).to(ACC)
+            v11 = tl.load(p10 + stride_vs, mask=m11[:, None] & dm, other=0.0).to(ACC)
             hx = 1.0 - lx
             hy = 1.0 - ly
             acc += (w * hy * hx)[:, None] * v00 + (w * hy * lx)[:, None] * v01 \
@@ -138,6 +140,7 @@ def msda_bwd_kernel(
     stride_glb, stride_glq, stride_glm, stride_gll, stride_glk, stride_glc,
     stride_gab, stride_gaq, stride_gam, stride_gal, stride_gak,
     L: tl.constexpr, K: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_D: tl.constexpr,
+    ACC: tl.constexpr,
 ):
     """All three gradients of msda_fwd_kernel, same tiling and grid.
 
@@ -160,7 +163,7 @@ def msda_bwd_kernel(
 
     go_ptrs = _row_ptrs(_head_base(grad_out_ptr, b, m, stride_gob, stride_gom), q,
                         stride_goq, offs_d, stride_god)
-    go = tl.load(go_ptrs, mask=qmask[:, None] & dm, other=0.0).to(tl.float32)
+    go = tl.load(go_ptrs, mask=qmask[:, None] & dm, other=0.0).to(ACC)
 
     v_base = _head_base(value_ptr, b, m, stride_vb, stride_vm)
     gv_base = _head_base(grad_value_ptr, b, m, stride_gvb, stride_gvm)
@@ -175,18 +178,18 @@ def msda_bwd_kernel(
         start = tl.load(starts_ptr + l)
         for k in tl.static_range(K):
             lp = loc_base + l * stride_ll + k * stride_lk
-            x = tl.load(lp, mask=qmask, other=0.0).to(tl.float32)
-            y = tl.load(lp + stride_lc, mask=qmask, other=0.0).to(tl.float32)
-            w = tl.load(attn_base + l * stride_al + k * stride_ak, mask=qmask, other=0.0).to(tl.float32)
+            x = tl.load(lp, mask=qmask, other=0.0).to(ACC)
+            y = tl.load(lp + stride_lc, mask=qmask, other=0.0).to(ACC)
+            w = tl.load(attn_base + l * stride_al + k * stride_ak, mask=qmask, other=0.0).to(ACC)
             i00, m00, m01, m10, m11, lx, ly = _bilinear_corners(x, y, H, W, start, S, qmask)
             p00 = _row_ptrs(v_base, i00, stride_vs, offs_d, stride_vd)
             p10 = p00 + W.to(tl.int64) * stride_vs
             # s_c = <grad_out, corner row c>: everything the location and
             # weight gradients need from the value.
-            s00 = tl.sum(go * tl.load(p00, mask=m00[:, None] & dm, other=0.0).to(tl.float32), axis=1)
-            s01 = tl.sum(go * tl.load(p00 + stride_vs, mask=m01[:, None] & dm, other=0.0).to(tl.float32), axis=1)
-            s10 = tl.sum(go * tl.load(p10, mask=m10[:, None] & dm, other=0.0).to(tl.float32), axis=1)
-            s11 = tl.sum(go * tl.load(p10 + stride_vs, mask=m11[:, None] & dm, other=0.0).to(tl.float32), axis=1)
+            s00 = tl.sum(go * tl.load(p00, mask=m00[:, None] & dm, other=0.0).to(ACC), axis=1)
+            s01 = tl.sum(go * tl.load(p00 + stride_vs, mask=m01[:, None] & dm, other=0.0).to(ACC), axis=1)
+            s10 = tl.sum(go * tl.load(p10, mask=m10[:, None] & dm, other=0.0).to(ACC), axis=1)
+            s11 = tl.sum(go * tl.load(p10 + stride_vs, mask=m11[:, None] & dm, other=0.0).to(ACC), axis=1)
             hx = 1.0 - lx
             hy = 1.0 - ly
             g_attn = hy * (hx * s00 + lx * s01) + ly * (hx * s10 + lx * s11)

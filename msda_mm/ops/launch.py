@@ -7,6 +7,7 @@ import os
 
 import torch
 import triton
+import triton.language as tl
 
 from .kernels import msda_bwd_kernel, msda_fwd_kernel
 
@@ -19,6 +20,11 @@ def interpreter_enabled() -> bool:
 def _tile(D: int) -> dict:
     # One program covers BLOCK_Q queries x the whole (padded) head dim.
     return dict(BLOCK_Q=16, BLOCK_D=triton.next_power_of_2(D), num_warps=4)
+
+
+def _acc_dtype(*tensors: torch.Tensor):
+    # fp32 registers for fp32/fp16/bf16; fp64 only when asked for (gradcheck).
+    return tl.float64 if any(t.dtype == torch.float64 for t in tensors) else tl.float32
 
 
 def _device_guard(t: torch.Tensor):
@@ -48,7 +54,7 @@ def msda_forward(value, spatial_shapes, level_start_index, sampling_locations,
             Q, M, S, D,
             *value.stride(), *sampling_locations.stride(), *attention_weights.stride(),
             *out.stride(),
-            L=L, K=K, **tile,
+            L=L, K=K, ACC=_acc_dtype(value, sampling_locations, attention_weights), **tile,
         )
     return out.view(B, Q, M * D)
 
@@ -77,6 +83,6 @@ def msda_backward(grad_output, value, spatial_shapes, level_start_index, samplin
             *go.stride(), *value.stride(), *sampling_locations.stride(),
             *attention_weights.stride(),
             *grad_value.stride()[:3], *grad_loc.stride(), *grad_attn.stride(),
-            L=L, K=K, **tile,
+            L=L, K=K, ACC=_acc_dtype(value, sampling_locations, attention_weights), **tile,
         )
     return grad_value.to(value.dtype), grad_loc, grad_attn

@@ -32,25 +32,28 @@ def _require_triton(t: Tensor) -> None:
                            f"the PyTorch reference on CPU.")
 
 
-def resolve_fp32_grad_accum(value: Tensor, fp32_grad_accum: Optional[bool]) -> bool:
-    """Whether grad_value is accumulated in an fp32 scratch buffer.
-
-    Auto (None): only for bf16 value where bf16 atomics are slow or missing:
-    compute capability < 9.0 (A100: no native bf16 atomic add, it becomes a
-    compare-and-swap loop, ~10x slower) and the Triton interpreter (no bf16
-    atomics at all).  fp16 has native atomics from sm_70 on and stays native.
-    """
-    if fp32_grad_accum is not None:
-        if (not fp32_grad_accum and value.dtype == torch.bfloat16 and not value.is_cuda
-                and launch.interpreter_enabled()):
-            raise ValueError("fp32_grad_accum=False needs native bf16 atomics, which the Triton "
-                             "interpreter (TRITON_INTERPRET=1) does not have; use None or True")
-        return bool(fp32_grad_accum)
-    if value.dtype != torch.bfloat16:
-        return False
-    if value.is_cuda:
-        return torch.cuda.get_device_capability(value.device) < (9, 0)
+def bf16_atomics_are_slow(device: torch.device) -> bool:
+    """True where a bf16 atomic add is no native instruction: compute
+    capability < 9.0 (A100: a compare-and-swap loop, ~10x slower) and the
+    Triton interpreter (no bf16 atomics at all)."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_capability(device) < (9, 0)
     return True
+
+
+def resolve_fp32_grad_accum(value: Tensor, fp32_grad_accum: Optional[bool]) -> bool:
+    """Whether grad_value is accumulated in an fp32 scratch buffer (rounded
+    to value's dtype once at the end) instead of by atomics in value's dtype.
+
+    Auto (None): only for bf16 value where bf16 atomics are slow or missing.
+    fp16 has native atomics from sm_70 on and stays native everywhere.
+    """
+    if fp32_grad_accum is None:
+        return value.dtype == torch.bfloat16 and bf16_atomics_are_slow(value.device)
+    if not fp32_grad_accum and value.dtype == torch.bfloat16 and not value.is_cuda:
+        raise ValueError("fp32_grad_accum=False needs native bf16 atomics, which the Triton "
+                         "interpreter (TRITON_INTERPRET=1) does not have; use None or True")
+    return bool(fp32_grad_accum)
 
 
 def _is_empty(value: Tensor, sampling_locations: Tensor) -> bool:

@@ -1,0 +1,60 @@
+"""Out-of-range, non-finite and empty inputs."""
+import pytest
+import torch
+
+from msda_inputs import DEVICES, FLOAT_INPUTS, make_inputs, run_op
+
+
+def _on(args, device):
+    return {k: (v.to(device) if v is not None else None) for k, v in args.items()}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_out_of_range_locations_sample_zero(device):
+    args, seed = make_inputs(lo=1.5, hi=3.0)
+    args["sampling_locations"][..., 1] *= -1  # y far above the image, x far right
+    out, grads, _ = run_op(_on(args, device))
+    assert torch.count_nonzero(out) == 0, f"seed {seed}"
+    for k in FLOAT_INPUTS:
+        assert torch.count_nonzero(grads[k]) == 0, (k, seed)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_non_finite_locations_contribute_zero(device, bad):
+    args, seed = make_inputs(B=1, Q=4, M=1, D=8, lo=0.0, hi=1.0)
+    poisoned = {k: v.clone() if v is not None else None for k, v in args.items()}
+    # Query 0 gets a non-finite x for point (level 0, k 0); query 1 a
+    # non-finite y.  Zeroing those points' weights must give the same result.
+    poisoned["sampling_locations"][0, 0, 0, 0, 0, 0] = bad
+    poisoned["sampling_locations"][0, 1, 0, 0, 0, 1] = bad
+    expected = {k: v.clone() if v is not None else None for k, v in args.items()}
+    expected["attention_weights"][0, :2, 0, 0, 0] = 0
+    out, grads, g = run_op(_on(poisoned, device))
+    ref_out, ref_grads, _ = run_op(_on(expected, device), grad_out=g)
+    assert torch.isfinite(out).all() and all(torch.isfinite(t).all() for t in grads.values())
+    torch.testing.assert_close(out, ref_out)
+    torch.testing.assert_close(grads["value"], ref_grads["value"])
+    bad_points = [(0, 0, 0, 0, 0), (0, 1, 0, 0, 0)]
+    for p in bad_points:
+        assert torch.count_nonzero(grads["sampling_locations"][p]) == 0
+        assert grads["attention_weights"][p] == 0
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_nan_in_value_propagates(device):
+    args, seed = make_inputs(B=1, Q=3, M=1, D=4, shapes=((2, 2),), K=1, lo=0.0, hi=1.0)
+    args["value"][0, :, 0, 1] = float("nan")  # channel 1 everywhere
+    out = run_op(_on(args, device))[0].cpu()
+    assert torch.isnan(out[..., 1]).all(), f"seed {seed}"
+    assert torch.isfinite(out[..., [0, 2, 3]]).all(), f"seed {seed}"
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("B,Q", [(0, 5), (2, 0)])
+def test_empty_batch_or_queries(device, B, Q):
+    args, _ = make_inputs(B=B, Q=Q)
+    out, grads, _ = run_op(_on(args, device))
+    assert out.shape == (B, Q, 2 * 8)
+    for k in FLOAT_INPUTS:
+        assert grads[k].shape == args[k].shape and torch.count_nonzero(grads[k]) == 0

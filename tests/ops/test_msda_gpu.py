@@ -1,0 +1,107 @@
+"""GPU-only properties of the op (run: python -m pytest -m gpu tests)."""
+import pytest
+import torch
+
+from msda_inputs import FLOAT_INPUTS, make_inputs, rel_err, run_op
+from msda_mm import multi_scale_deformable_attention as msda
+from msda_mm import msda_reference
+
+pytestmark = pytest.mark.gpu
+
+
+def _cuda(args, device="cuda"):
+    return {k: (v.to(device) if v is not None else None) for k, v in args.items()}
+
+
+def test_cuda_graph_capture_and_replay():
+    a = _cuda(make_inputs(B=2, Q=40, M=4, D=32, shapes=((16, 20), (8, 10)), K=4,
+                          dtype=torch.bfloat16, loc_dtype=torch.float32,
+                          attn_dtype=torch.float32)[0])
+    static = {k: (a[k].clone().requires_grad_() if k in FLOAT_INPUTS else a[k]) for k in a}
+    grad_out = torch.randn(2, 40, 128, device="cuda", dtype=torch.bfloat16)
+
+    def step():
+        out = msda(**static)
+        return (out, *torch.autograd.grad(out, [static[k] for k in FLOAT_INPUTS], grad_out))
+
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        step()  # warm-up: compile kernels outside the capture
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = step()
+    # New inputs copied into the captured buffers, then replay.
+    fresh = _cuda(make_inputs(B=2, Q=40, M=4, D=32, shapes=((16, 20), (8, 10)), K=4,
+                              dtype=torch.bfloat16, loc_dtype=torch.float32,
+                              attn_dtype=torch.float32)[0])
+    with torch.no_grad():
+        for k in FLOAT_INPUTS:
+            static[k].copy_(fresh[k])
+    graph.replay()
+    out, grads, _ = run_op(fresh, grad_out=grad_out)
+    torch.testing.assert_close(captured[0], out, rtol=0, atol=0)
+    for k, g in zip(FLOAT_INPUTS, captured[1:]):
+        # grad_value's bf16 atomics land in a different order per run.
+        tol = dict(rtol=2e-2, atol=2e-2) if k == "value" else dict(rtol=0, atol=0)
+        torch.testing.assert_close(g, grads[k], **tol)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_native_and_fp32_accumulation_agree(dtype):
+    args = _cuda(make_inputs(B=2, Q=300, M=8, D=32, shapes=((32, 40), (16, 20), (8, 10)),
+                             K=4, dtype=dtype, loc_dtype=torch.float32,
+                             attn_dtype=torch.float32, lo=0.2, hi=0.4)[0])
+    native_out, native, g = run_op(args, fp32_grad_accum=False)
+    fp32_out, fp32, _ = run_op(args, grad_out=g, fp32_grad_accum=True)
+    torch.testing.assert_close(native_out, fp32_out, rtol=0, atol=0)
+    for k in ("sampling_locations", "attention_weights"):
+        torch.testing.assert_close(native[k], fp32[k], rtol=0, atol=0)
+    # Native atomics round every partial sum to value's dtype; the fp32
+    # buffer rounds once.  Locations crowded in [0.2, 0.4] make ~50 adds per
+    # touched element: allow ~sqrt(50) ulps of relative error in norm.
+    eps = torch.finfo(dtype).eps
+    assert rel_err(native["value"], fp32["value"]) < 8 * eps
+
+
+def test_value_past_2_31_elements():
+    """int64 offsets: a bf16 value of 2**31 + 262144 elements (4.3 GB); the
+    queries sample the last rows, past the int32 range."""
+    M, D, H, W = 8, 32, 2048, 4097
+    value = torch.randn(1, H * W, M, D, device="cuda", dtype=torch.bfloat16)
+    assert value.numel() > 2**31
+    shapes = torch.tensor([[H, W]], device="cuda")
+    Q, K = 64, 4
+    loc = torch.rand(1, Q, M, 1, K, 2, device="cuda")
+    loc[..., 1] = 1 - loc[..., 1] * 4 / H  # the last 4 rows
+    attn = torch.rand(1, Q, M, 1, K, device="cuda")
+    args = dict(value=value, spatial_shapes=shapes, level_start_index=None,
+                sampling_locations=loc, attention_weights=attn)
+    out, grads, g = run_op(args)
+    ref_out = msda_reference(value.float(), shapes, loc, attn)
+    assert rel_err(out, ref_out) < 4 * 2.0**-8
+    tail = slice((H - 5) * W, None)
+    ref_gv = torch.zeros(1, 5 * W, M, D, device="cuda", requires_grad=True)
+    # Gradient of the last rows only: the reference on the cropped level.
+    crop_shapes = torch.tensor([[5, W]], device="cuda")
+    crop_loc = loc.clone()
+    crop_loc[..., 1] = (loc[..., 1] * H - (H - 5)) / 5
+    crop_out = msda_reference(value[:, tail].float() + ref_gv, crop_shapes, crop_loc, attn)
+    (ref_grad_tail,) = torch.autograd.grad(crop_out, ref_gv, g.float())
+    torch.testing.assert_close(crop_out, ref_out, rtol=1e-4, atol=1e-4)
+    assert rel_err(grads["value"][:, tail], ref_grad_tail) < 4 * 2.0**-8
+    assert torch.count_nonzero(grads["value"][:, :tail.start]) == 0
+
+
+@pytest.mark.multigpu
+def test_second_device_matches_first():
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs 2 GPUs (issue: multi-GPU run)")
+    args = make_inputs(B=2, Q=50, M=4, D=32, shapes=((16, 20), (8, 10)), K=4)[0]
+    torch.cuda.set_device(0)  # cuda:1 inputs while cuda:0 is current
+    out0, g0, g = run_op(_cuda(args, "cuda:0"))
+    out1, g1, _ = run_op(_cuda(args, "cuda:1"), grad_out=g.to("cuda:1"))
+    torch.testing.assert_close(out1.cpu(), out0.cpu(), rtol=0, atol=0)
+    for k in FLOAT_INPUTS:
+        torch.testing.assert_close(g1[k].cpu(), g0[k].cpu(), rtol=1e-6, atol=1e-6)

@@ -1,0 +1,146 @@
+"""The op as PyTorch sees it: gradcheck, torch.library opcheck, torch.compile,
+gradient accumulation choice, deterministic mode."""
+import warnings
+
+import pytest
+import torch
+
+from msda_inputs import DEVICES, FLOAT_INPUTS, make_inputs, run_op
+from msda_mm import multi_scale_deformable_attention as msda
+from msda_mm.ops import msda as msda_module
+from msda_mm.ops import launch
+from msda_mm.ops.reference import level_start_index_from_shapes
+
+
+def _on(args, device):
+    return {k: (v.to(device) if v is not None else None) for k, v in args.items()}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_gradcheck_fp64(device):
+    # Locations away from pixel-grid kinks, where bilinear is differentiable.
+    args, seed = make_inputs(B=1, Q=3, M=2, D=3, shapes=((3, 4), (2, 2)), K=2,
+                             dtype=torch.float64, lo=0.05, hi=0.95)
+    a = _on(args, device)
+    inputs = [a[k].requires_grad_() for k in FLOAT_INPUTS]
+
+    def fn(value, loc, attn):
+        return msda(value, a["spatial_shapes"], None, loc, attn)
+
+    assert torch.autograd.gradcheck(fn, inputs, eps=1e-6, atol=1e-5), f"seed {seed}"
+
+
+def _op_args(device, dtype=torch.float32):
+    args, _ = make_inputs(B=2, Q=5, M=2, D=8, dtype=dtype, device=device)
+    args["level_start_index"] = level_start_index_from_shapes(args["spatial_shapes"])
+    return args
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_opcheck_forward_and_backward(device):
+    a = _op_args(device)
+    fwd_args = (a["value"].requires_grad_(), a["spatial_shapes"], a["level_start_index"],
+                a["sampling_locations"].requires_grad_(), a["attention_weights"].requires_grad_(),
+                None)
+    torch.library.opcheck(torch.ops.msda_mm.msda_forward.default, fwd_args)
+    grad_out = torch.randn(2, 5, 16, device=device)
+    bwd_args = (grad_out, *(t.detach() for t in fwd_args[:5]), None)
+    torch.library.opcheck(torch.ops.msda_mm.msda_backward.default, bwd_args)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_torch_compile_fullgraph(device):
+    """No graph break: the op is one opaque node forward and backward.  The
+    CPU run uses aot_eager (Inductor's CPU codegen needs a C++ toolchain; the
+    op itself is opaque either way); the GPU run uses Inductor."""
+    a = _on(make_inputs()[0], device)
+    backend = "inductor" if device == "cuda" else "aot_eager"
+
+    def f(value, loc, attn):
+        return msda(value, a["spatial_shapes"], None, loc, attn) * 2
+
+    compiled = torch.compile(f, fullgraph=True, backend=backend)
+    eager_out, eager_grads, g = run_op(a, fn=lambda v, s, i, l, w: f(v, l, w))
+    comp_out, comp_grads, _ = run_op(a, fn=lambda v, s, i, l, w: compiled(v, l, w), grad_out=g)
+    torch.testing.assert_close(comp_out, eager_out)
+    for k in FLOAT_INPUTS:
+        # grad_value: atomics in another order, hence rounding-level slack.
+        torch.testing.assert_close(comp_grads[k], eager_grads[k], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("capability,fp32", [((8, 0), True), ((8, 6), True), ((9, 0), False),
+                                             ((10, 0), False)])
+def test_auto_accumulator_follows_capability(monkeypatch, capability, fp32):
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    assert msda_module.bf16_atomics_are_slow(torch.device("cuda", 0)) is fp32
+
+
+def test_auto_accumulator_per_dtype():
+    resolve = msda_module.resolve_fp32_grad_accum
+    # CPU = Triton interpreter here: no bf16 atomics, so bf16 goes to fp32.
+    assert resolve(torch.empty(1, dtype=torch.bfloat16), None) is True
+    assert resolve(torch.empty(1, dtype=torch.float16), None) is False
+    assert resolve(torch.empty(1, dtype=torch.float32), None) is False
+    assert resolve(torch.empty(1, dtype=torch.float16), True) is True
+    with pytest.raises(ValueError, match="fp32_grad_accum=False"):
+        resolve(torch.empty(1, dtype=torch.bfloat16), False)
+
+
+class _KernelSpy:
+    """Stands in for msda_bwd_kernel: records grad_value's dtype, then runs it."""
+
+    def __init__(self, kernel):
+        self.kernel, self.accum_dtypes = kernel, []
+
+    def __getitem__(self, grid):
+        def launch_(*args, **kwargs):
+            self.accum_dtypes.append(args[6].dtype)  # grad_value_ptr
+            return self.kernel[grid](*args, **kwargs)
+        return launch_
+
+
+@pytest.mark.parametrize("dtype,flag,accum", [
+    (torch.bfloat16, None, torch.float32),
+    (torch.bfloat16, True, torch.float32),
+    (torch.float16, None, torch.float16),
+    (torch.float16, True, torch.float32),
+    (torch.float32, None, torch.float32),
+], ids=str)
+def test_backward_uses_selected_accumulator(monkeypatch, dtype, flag, accum):
+    spy = _KernelSpy(launch.msda_bwd_kernel)
+    monkeypatch.setattr(launch, "msda_bwd_kernel", spy)
+    args, _ = make_inputs(dtype=dtype)
+    _, grads, _ = run_op(args, fp32_grad_accum=flag)
+    assert spy.accum_dtypes == [accum]
+    assert grads["value"].dtype == dtype
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_deterministic_mode_raises_or_warns(device):
+    a = _on(make_inputs()[0], device)
+    prev, prev_warn = (torch.are_deterministic_algorithms_enabled(),
+                       torch.is_deterministic_algorithms_warn_only_enabled())
+    try:
+        torch.use_deterministic_algorithms(True)
+        msda(**a)  # the forward has no atomics: allowed
+        with pytest.raises(RuntimeError, match="deterministic implementation"):
+            run_op(a)
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        with pytest.warns(UserWarning, match="deterministic implementation"):
+            out, grads, g = run_op(a)
+    finally:
+        torch.use_deterministic_algorithms(prev, warn_only=prev_warn)
+    ref_out, ref_grads, _ = run_op(a, grad_out=g)
+    torch.testing.assert_close(grads["sampling_locations"], ref_grads["sampling_locations"])
+
+
+def test_deterministic_mode_cpu_reference_is_silent(reference_backend):
+    args, _ = make_inputs()
+    prev = torch.are_deterministic_algorithms_enabled()
+    try:
+        torch.use_deterministic_algorithms(True)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            run_op(args)
+    finally:
+        torch.use_deterministic_algorithms(prev)
