@@ -104,7 +104,7 @@ def msda_fwd_kernel(
         H = tl.load(shapes_ptr + 2 * l)
         W = tl.load(shapes_ptr + 2 * l + 1)
         start = tl.load(starts_ptr + l)
-        for k in tl.static_range(K):
+        for k in range(K):
             lp = loc_base + l * stride_ll + k * stride_lk
             x = tl.load(lp, mask=qmask, other=0.0).to(ACC)
             y = tl.load(lp + stride_lc, mask=qmask, other=0.0).to(ACC)
@@ -176,7 +176,7 @@ def msda_bwd_kernel(
         H = tl.load(shapes_ptr + 2 * l)
         W = tl.load(shapes_ptr + 2 * l + 1)
         start = tl.load(starts_ptr + l)
-        for k in tl.static_range(K):
+        for k in range(K):
             lp = loc_base + l * stride_ll + k * stride_lk
             x = tl.load(lp, mask=qmask, other=0.0).to(ACC)
             y = tl.load(lp + stride_lc, mask=qmask, other=0.0).to(ACC)

@@ -1,8 +1,10 @@
 """The MSDA operator: ``torch.library`` custom ops (forward, backward) with
 fake implementations and autograd, and the mmcv-compatible functional API.
 
-Dispatch: CUDA tensors run the Triton kernels through the custom ops; so do
-CPU tensors when ``TRITON_INTERPRET=1`` (the kernels run in Triton's
+Dispatch: CUDA tensors run the Triton kernels (through the custom ops under
+``torch.compile``, through a plain autograd.Function in eager mode, which
+costs far less host time: see ``_EagerMSDA``); so do CPU tensors when
+``TRITON_INTERPRET=1`` (the kernels run in Triton's
 interpreter, which is how CI tests them).  Other CPU tensors run the
 pure-PyTorch reference with plain autograd.  The custom ops are opaque to
 ``torch.compile``, so a compiled model has no graph break here, and no host
@@ -76,12 +78,8 @@ def _alert_nondeterministic() -> None:
                            "PyTorch reference) where determinism is required.")
 
 
-@torch.library.custom_op("msda_mm::msda_forward", mutates_args=())
-def msda_forward(value: Tensor, spatial_shapes: Tensor, level_start_index: Tensor,
-                 sampling_locations: Tensor, attention_weights: Tensor,
-                 fp32_grad_accum: Optional[bool]) -> Tensor:
-    """Shapes as in ``multi_scale_deformable_attention``; returns (B, Q, M*D)
-    in value's dtype.  fp32_grad_accum only travels to the backward."""
+def _forward_impl(value, spatial_shapes, level_start_index, sampling_locations,
+                  attention_weights) -> Tensor:
     if _is_empty(value, sampling_locations):
         B, _, M, D = value.shape
         return value.new_zeros(B, sampling_locations.shape[1], M * D)
@@ -89,6 +87,28 @@ def msda_forward(value: Tensor, spatial_shapes: Tensor, level_start_index: Tenso
     check_level_sizes(spatial_shapes, value.shape[1])
     return launch.msda_forward(value, spatial_shapes, level_start_index, sampling_locations,
                                attention_weights)
+
+
+def _backward_impl(grad_output, value, spatial_shapes, level_start_index, sampling_locations,
+                   attention_weights, fp32_grad_accum):
+    if _is_empty(value, sampling_locations):
+        return (value.new_zeros(value.shape), sampling_locations.new_zeros(sampling_locations.shape),
+                attention_weights.new_zeros(attention_weights.shape))
+    _require_triton(value)
+    _alert_nondeterministic()
+    return launch.msda_backward(grad_output, value, spatial_shapes, level_start_index,
+                                sampling_locations, attention_weights,
+                                resolve_fp32_grad_accum(value, fp32_grad_accum))
+
+
+@torch.library.custom_op("msda_mm::msda_forward", mutates_args=())
+def msda_forward(value: Tensor, spatial_shapes: Tensor, level_start_index: Tensor,
+                 sampling_locations: Tensor, attention_weights: Tensor,
+                 fp32_grad_accum: Optional[bool]) -> Tensor:
+    """Shapes as in ``multi_scale_deformable_attention``; returns (B, Q, M*D)
+    in value's dtype.  fp32_grad_accum only travels to the backward."""
+    return _forward_impl(value, spatial_shapes, level_start_index, sampling_locations,
+                         attention_weights)
 
 
 @msda_forward.register_fake
@@ -105,14 +125,8 @@ def msda_backward(grad_output: Tensor, value: Tensor, spatial_shapes: Tensor,
                   fp32_grad_accum: Optional[bool]) -> tuple[Tensor, Tensor, Tensor]:
     """Returns (grad_value, grad_sampling_locations, grad_attention_weights),
     contiguous, each in its input's shape and dtype."""
-    if _is_empty(value, sampling_locations):
-        return (value.new_zeros(value.shape), sampling_locations.new_zeros(sampling_locations.shape),
-                attention_weights.new_zeros(attention_weights.shape))
-    _require_triton(value)
-    _alert_nondeterministic()
-    return launch.msda_backward(grad_output, value, spatial_shapes, level_start_index,
-                                sampling_locations, attention_weights,
-                                resolve_fp32_grad_accum(value, fp32_grad_accum))
+    return _backward_impl(grad_output, value, spatial_shapes, level_start_index,
+                          sampling_locations, attention_weights, fp32_grad_accum)
 
 
 @msda_backward.register_fake
@@ -139,6 +153,33 @@ def _backward(ctx, grad_output):
 
 
 msda_forward.register_autograd(_backward, setup_context=_setup_context)
+
+
+class _EagerMSDA(torch.autograd.Function):
+    """The same two launches as the custom ops, for eager mode.
+
+    Why a second entry point: on the H200 (torch 2.11) a custom-op forward +
+    backward cost 824 us of host time per call pair (Python dispatcher,
+    autograd wrapper, dynamo-disable guards), ~10x the two kernels' device
+    time on the decoder preset.  A plain autograd.Function costs ~17 us of
+    it.  torch.compile still sees only the custom ops.
+    """
+
+    @staticmethod
+    def forward(ctx, value, spatial_shapes, level_start_index, sampling_locations,
+                attention_weights, fp32_grad_accum):
+        ctx.save_for_backward(value, spatial_shapes, level_start_index, sampling_locations,
+                              attention_weights)
+        ctx.fp32_grad_accum = fp32_grad_accum
+        return _forward_impl(value, spatial_shapes, level_start_index, sampling_locations,
+                             attention_weights)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_output):
+        grad_value, grad_loc, grad_attn = _backward_impl(grad_output, *ctx.saved_tensors,
+                                                         ctx.fp32_grad_accum)
+        return grad_value, None, None, grad_loc, grad_attn, None
 
 
 def multi_scale_deformable_attention(
@@ -179,5 +220,6 @@ def multi_scale_deformable_attention(
                               level_start_index).to(value.dtype)
     if level_start_index is None:
         level_start_index = level_start_index_from_shapes(spatial_shapes)
-    return msda_forward(value, spatial_shapes, level_start_index, sampling_locations,
-                        attention_weights, fp32_grad_accum)
+    op = msda_forward if torch.compiler.is_compiling() else _EagerMSDA.apply
+    return op(value, spatial_shapes, level_start_index, sampling_locations, attention_weights,
+              fp32_grad_accum)

@@ -1,0 +1,3 @@
+"""The MSDA benchmark behind tools/benchmark.py: presets and inputs
+(presets, inputs), implementations (impls), timers (timing), one cell
+(cell), the matrix (run) and its reports (report, targets, plot)."""

@@ -1,0 +1,95 @@
+"""Benchmark results: environment, JSON, CSV and the console table."""
+from __future__ import annotations
+
+import csv
+import datetime
+import json
+import math
+import platform
+import re
+from collections import Counter
+from pathlib import Path
+
+import torch
+import triton
+
+from .targets import cell_key
+
+
+def device_name(device: torch.device) -> str:
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+
+
+def slug(name: str) -> str:
+    """File-name form of a device name: 'NVIDIA H200' -> 'nvidia-h200'."""
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+
+
+def environment(device: torch.device) -> dict:
+    env = dict(device=device_name(device), torch=torch.__version__, triton=triton.__version__,
+               python=platform.python_version(),
+               date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        env.update(capability=f"{props.major}.{props.minor}", sms=props.multi_processor_count,
+                   memory_gb=round(props.total_memory / 1e9, 1),
+                   l2_mb=getattr(props, "L2_cache_size", 0) / 2**20)
+    return env
+
+
+def _jsonable(value):
+    # NaN (a broken kernel's error) stays visible yet keeps the file strict JSON.
+    return str(value) if isinstance(value, float) and not math.isfinite(value) else value
+
+
+def write_json(path: Path, meta: dict, records: list[dict]) -> None:
+    cells = [{k: _jsonable(v) for k, v in r.items()} for r in records]
+    path.write_text(json.dumps(dict(meta, cells=cells), indent=1) + "\n")
+
+
+def write_csv(path: Path, records: list[dict]) -> None:
+    fields = list(dict.fromkeys(k for r in records for k in r))
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fields)
+        writer.writeheader()
+        writer.writerows(records)
+
+
+def _num(spec: str):
+    return lambda v: "-" if v is None else format(v, spec)
+
+
+_TARGET = {True: "ok", False: "FAIL", None: ""}
+
+# (heading, record field, format); peak is the larger of forward and backward.
+_COLUMNS = (
+    ("preset", "preset", str), ("dist", "dist", str), ("dtype", "dtype", str),
+    ("impl", "impl", str), ("fwd us", "fwd_us", _num(".1f")), ("bwd us", "bwd_us", _num(".1f")),
+    ("eager f+b us", "eager_fwdbwd_us", _num(".1f")), ("host us", "host_fwdbwd_us", _num(".1f")),
+    ("peak MB", "peak_mb", _num(".1f")), ("max err", "max_err", _num(".1e")),
+    ("GB/s", "gather_gbps", _num(".0f")), ("target", "target_ok", _TARGET.get),
+)
+
+
+def console_table(records: list[dict]) -> str:
+    """The measured and failed cells as a table, then one line per n/a reason
+    and per failure."""
+    shown = [r for r in records if r["status"] != "n/a"]
+    rows = [[heading for heading, _, _ in _COLUMNS]]
+    for r in shown:
+        peaks = [r[k] for k in ("peak_fwd_mb", "peak_bwd_mb") if r.get(k) is not None]
+        cells = dict(r, peak_mb=max(peaks) if peaks else None)
+        row = [fmt(cells.get(field)) for _, field, fmt in _COLUMNS]
+        if r["status"] == "error":
+            row[4] = "ERROR"
+        rows.append(row)
+    widths = [max(len(row[i]) for row in rows) for i in range(len(_COLUMNS))]
+    lines = ["  ".join(c.ljust(w) if i < 4 else c.rjust(w) for i, (c, w) in
+                       enumerate(zip(row, widths))).rstrip() for row in rows]
+    not_run = Counter((r["impl"], r["note"]) for r in records if r["status"] == "n/a")
+    lines += [f"n/a   {impl} ({n} cells): {note}" for (impl, note), n in not_run.items()]
+    lines += [f"{r['status']:5} {cell_key(r)}: {r['note']}"
+              for r in records if r["status"] != "n/a" and r["note"]]
+    lines += [f"miss  {cell_key(r)}: {r['target_note']}"
+              for r in records if r.get("target_ok") is False]
+    return "\n".join(lines)

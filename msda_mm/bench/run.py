@@ -1,0 +1,94 @@
+"""Run the benchmark matrix: preset x location distribution x value dtype x
+implementation, one record (a flat dict) per cell."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import torch
+
+from msda_mm.ops import launch, resolve_fp32_grad_accum
+
+from .cell import measure, reference_fp64
+from .impls import bind, tiled, unavailable
+from .inputs import MSDAInputs, make_inputs
+from .presets import PRESETS, Preset
+
+DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+# Error messages are cut here: a Triton compile error can run to pages.
+_MAX_NOTE = 300
+
+
+@dataclass
+class Config:
+    presets: tuple[str, ...]
+    distributions: tuple[str, ...]
+    dtypes: tuple[str, ...]
+    impls: tuple[str, ...]
+    device: torch.device
+    fp32_grad_accum: Optional[bool] = None  # msda_mm's; None: its automatic choice
+    budget_ms: float = 50.0  # time spent repeating each timed call
+    seed: int = 0
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"[:_MAX_NOTE]
+
+
+def _release(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def _cell(cfg: Config, preset: Preset, dist: str, dtype_name: str, impl: str,
+          inputs: MSDAInputs, reference, reference_note: str) -> dict:
+    record = dict(preset=preset.name, dist=dist, dtype=dtype_name, impl=impl, status="ok",
+                  note=reference_note, B=preset.batch, Q=preset.num_queries,
+                  S=preset.num_values, M=preset.heads, D=preset.head_dim,
+                  L=len(preset.levels), K=preset.points, fp32_grad_accum=None)
+    impl, tiles = tiled(impl)
+    why_not = unavailable(impl, cfg.device, inputs.value.dtype)
+    if why_not:
+        record.update(status="n/a", note=why_not)
+        return record
+    try:
+        if impl == "msda_mm":
+            record["fp32_grad_accum"] = resolve_fp32_grad_accum(inputs.value,
+                                                                cfg.fp32_grad_accum)
+        fn = bind(impl, inputs, cfg.fp32_grad_accum)
+        with launch.tile_override(**tiles):
+            measure(record, fn, inputs, reference, preset, cfg.budget_ms)
+    except Exception as exc:  # one cell's failure (OOM, compile error) must not end the run
+        record.update(status="error", note=_describe(exc))
+    return record
+
+
+def run_matrix(cfg: Config, log: Callable[[str], None] = print) -> list[dict]:
+    """Every cell of ``cfg``'s matrix, in order; failures are recorded in the
+    cell (status 'error', note) and the run goes on."""
+    records = []
+    total = len(cfg.presets) * len(cfg.distributions) * len(cfg.dtypes) * len(cfg.impls)
+    for preset in (PRESETS[name] for name in cfg.presets):
+        for dist in cfg.distributions:
+            host_inputs = make_inputs(preset, dist, cfg.seed)
+            for dtype_name in cfg.dtypes:
+                inputs = host_inputs.to(cfg.device, DTYPES[dtype_name])
+                try:
+                    reference, reference_note = reference_fp64(inputs), ""
+                except Exception as exc:  # e.g. OOM in float64: time the cells anyway
+                    reference, reference_note = None, "no errors: reference " + _describe(exc)
+                for impl in cfg.impls:
+                    start = time.perf_counter()
+                    record = _cell(cfg, preset, dist, dtype_name, impl, inputs, reference,
+                                   reference_note)
+                    records.append(record)
+                    _release(cfg.device)
+                    times = (f" fwd {record['fwd_us']:.1f} us, bwd {record['bwd_us']:.1f} us"
+                             if "bwd_us" in record else "")
+                    log(f"[{len(records)}/{total}] {preset.name} {dist} {dtype_name} {impl}: "
+                        f"{record['status']}{times} ({time.perf_counter() - start:.1f} s)")
+                del inputs, reference
+                _release(cfg.device)
+    return records

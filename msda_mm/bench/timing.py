@@ -1,0 +1,127 @@
+"""Timers for one call of a callable on CUDA (or, for smoke tests, CPU).
+
+Every timed call starts with a cold L2: a 256 MB buffer is zeroed before it,
+as ``triton.testing.do_bench`` does.  Rotating input sets instead cannot be
+sized from tensor sizes: a call touches only the value rows its locations
+hit (for a decoder, a part of its 91 MB fp32 value that depends on the
+location distribution), so the sets in between need not evict it from the
+L2 (50 MB on an H100/H200; the JSON records the device's).  A cold start is
+also what a model gives (value_proj and the layers in between sweep the
+cache) and keeps one cell's numbers independent of the cell before.  The
+zeroing also keeps the GPU busy while the host enqueues the timed call, so
+launch latency stays out of device times.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Callable, Optional
+
+import torch
+
+_FLUSH_BYTES = 256 << 20  # > 4x the L2 of any current NVIDIA GPU (H200: 50-60 MB)
+
+# Each timer repeats for about its budget, but at least MIN_REPS times (a
+# median of fewer is one outlier from noise) and at most MAX_REPS (a 10 us
+# kernel would otherwise take 5000 reps, each behind a 60 us flush).
+MIN_REPS = 5
+MAX_REPS = 500
+
+_flush_buffers: dict = {}
+
+
+def flush_l2(device: torch.device) -> None:
+    """Evict the L2 of ``device`` (no-op on CPU)."""
+    if device.type != "cuda":
+        return
+    if device not in _flush_buffers:
+        _flush_buffers[device] = torch.empty(_FLUSH_BYTES, dtype=torch.uint8, device=device)
+    _flush_buffers[device].zero_()
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _reps(estimate_s: float, budget_ms: float) -> int:
+    return int(min(MAX_REPS, max(MIN_REPS, budget_ms * 1e-3 / max(estimate_s, 1e-9))))
+
+
+def capture_graph(fn: Callable[[], object]) -> torch.cuda.CUDAGraph:
+    """A CUDA graph of one call of ``fn`` (its outputs live in the graph's pool)."""
+    # One eager call on a side stream first, as torch.cuda.graphs requires:
+    # lazy initialisation (autograd, allocator, Triton's launcher) must not be
+    # captured.
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph
+
+
+def graph_time_us(fn: Callable[[], object], device: torch.device, budget_ms: float) -> float:
+    """Median device time (us) of one call of ``fn``: CUDA events around each
+    replay of a graph of it, L2 flushed before each replay.  A graph has no
+    Python dispatch or launch gaps, so this is the GPU's own time."""
+    graph = capture_graph(fn)
+
+    def replays(n: int) -> list[float]:
+        pairs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                 for _ in range(n)]
+        for start, end in pairs:
+            flush_l2(device)
+            start.record()
+            graph.replay()
+            end.record()
+        torch.cuda.synchronize(device)
+        return [start.elapsed_time(end) * 1e3 for start, end in pairs]
+
+    estimate_us = statistics.median(replays(3))
+    return statistics.median(replays(_reps(estimate_us * 1e-6, budget_ms)))
+
+
+def eager_times_us(fn: Callable[[], object], device: torch.device,
+                   budget_ms: float) -> tuple[float, Optional[float]]:
+    """(wall, host) medians in us over plain calls of ``fn``.
+
+    wall: from the call until the device has finished it (synchronised), so
+    Python dispatch, launches and device time.  host: until the call returns
+    to Python, i.e. the CPU time of issuing it; each call starts on an idle,
+    synchronised device, so the host never waits for the GPU.  None on CPU,
+    where both are the same.
+    """
+    def one() -> tuple[float, float]:
+        flush_l2(device)
+        _synchronize(device)
+        t0 = time.perf_counter()
+        result = fn()
+        t1 = time.perf_counter()
+        _synchronize(device)
+        t2 = time.perf_counter()
+        del result
+        return t2 - t0, t1 - t0
+
+    one()  # warm-up: compilation, allocator growth
+    samples = [one() for _ in range(_reps(one()[0], budget_ms))]
+    wall = statistics.median(s[0] for s in samples) * 1e6
+    host = statistics.median(s[1] for s in samples) * 1e6
+    return wall, (host if device.type == "cuda" else None)
+
+
+def peak_memory_mb(device: torch.device, *steps: Callable[[], None]) -> list[float]:
+    """Run ``steps`` in order; for each, the peak of allocated device memory
+    during it minus what was allocated before the first step (MiB)."""
+    torch.cuda.synchronize(device)
+    base = torch.cuda.memory_allocated(device)
+    peaks = []
+    for step in steps:
+        torch.cuda.reset_peak_memory_stats(device)
+        step()
+        torch.cuda.synchronize(device)
+        peaks.append((torch.cuda.max_memory_allocated(device) - base) / 2**20)
+    return peaks

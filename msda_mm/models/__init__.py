@@ -1,0 +1,4 @@
+"""mmdet modules built on msda_mm's op; importing registers them in mmdet's MODELS."""
+from .triton_ms_deform_attn import TritonMSDeformAttn
+
+__all__ = ["TritonMSDeformAttn"]

@@ -1,0 +1,192 @@
+"""Ahead-of-time compilation of the MSDA kernels for GPUs that are not here.
+
+Each variant is compiled with exactly the arguments the launcher passes: the
+call is recorded from launch.py on meta tensors, then specialised the way
+``JITFunction.run`` does it (pointer alignment, 16-divisible ints, ints equal
+to 1 becoming constexprs) and compiled for the chosen sm target.  The PTX and
+the SASS of the cubin (disassembled with the cuobjdump in Triton's wheel) say
+which atomics the backward got and how wide the forward's loads are.  No GPU
+and no CUDA driver are needed; the Triton interpreter must be off
+(``TRITON_INTERPRET`` unset), because interpreted kernels cannot be compiled.
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import re
+import subprocess
+import tempfile
+import time
+import types
+from typing import Optional
+from unittest import mock
+
+import torch
+import triton
+from triton import knobs
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource, make_backend
+from triton.runtime.jit import JITFunction, create_function_from_signature
+
+from ..bench.presets import PRESETS
+from . import launch
+from .msda import resolve_fp32_grad_accum
+
+DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+KERNELS = ("fwd", "bwd")
+
+# The mmdet default call (Deformable DETR decoder on a COCO image, D = 32,
+# L = K = 4); a variant only swaps the head dim.  Only the strides and the
+# constexprs derived from it reach the compiler.
+SHAPE = PRESETS["decoder"]
+
+# Anchored at the opcode so operands, labels and comments never match;
+# Triton's inline asm puts a predicate (@%p1 / @!%p1) in front.
+_PTX_OP = r"^\s*(?:@!?%p\d+\s+)?({}\.[\w.]+)"
+_PTX_ATOMIC = re.compile(_PTX_OP.format("(?:atom|red)"), re.M)
+_PTX_LOAD = re.compile(_PTX_OP.format(r"ld\.global"), re.M)
+# REDG? followed by a dot leaves out REDUX (a warp reduction, not an atomic).
+_SASS_ATOMIC = re.compile(r"\b((?:ATOM[GS]?|REDG?)\.[\w.]+)")
+_SASS_LOAD = re.compile(r"\b(LDG\.[\w.]+)")
+# The kernels keep no arrays in local memory, so any STL/LDL is a spill.
+_SASS_SPILL = re.compile(r"\b(STL|LDL)\b")
+_SASS_REGS = re.compile(r"\bREG:(\d+)")
+
+
+@dataclasses.dataclass(frozen=True)
+class Variant:
+    kernel: str  # "fwd" or "bwd"
+    arch: int  # compute capability x 10: 80, 90
+    dtype: str  # value's dtype, a key of DTYPES
+    head_dim: int
+    fp32_accum: Optional[bool] = None  # bwd: grad_value in an fp32 scratch buffer
+    auto: Optional[bool] = None  # bwd: fp32_accum is what the op picks on this arch
+
+    @property
+    def accum(self) -> str:
+        if self.kernel == "fwd":
+            return "-"
+        mode = "fp32" if self.fp32_accum else "native"
+        return f"{mode} ({'auto' if self.auto else 'forced'})"
+
+
+def auto_fp32_accum(dtype: str, arch: int) -> bool:
+    """What ``resolve_fp32_grad_accum(value, None)`` picks on a GPU of this
+    arch: the op's own rule, asked through a stand-in CUDA value."""
+    value = types.SimpleNamespace(dtype=DTYPES[dtype], is_cuda=True, device=torch.device("cuda"))
+    with mock.patch.object(torch.cuda, "get_device_capability", return_value=divmod(arch, 10)):
+        return resolve_fp32_grad_accum(value, None)
+
+
+def variants(archs, dtypes, head_dims, kernels=KERNELS) -> list[Variant]:
+    """Forward per (arch, dtype, D); backward with the auto-selected
+    accumulation and the other one forced, except for fp32 values, where
+    both modes are the same fp32 kernel."""
+    out = []
+    for arch in archs:
+        for dtype in dtypes:
+            for d in head_dims:
+                if "fwd" in kernels:
+                    out.append(Variant("fwd", arch, dtype, d))
+                if "bwd" in kernels:
+                    auto = auto_fp32_accum(dtype, arch)
+                    out.append(Variant("bwd", arch, dtype, d, auto, True))
+                    if dtype != "fp32":
+                        out.append(Variant("bwd", arch, dtype, d, not auto, False))
+    return out
+
+
+class _Recorder:
+    """Stands in for a kernel in launch.py: ``kernel[grid](*args, **kwargs)``
+    records the call instead of running it."""
+
+    def __init__(self, fn):
+        self.fn = fn
+        self.call = None
+
+    def __getitem__(self, grid):
+        return self._record
+
+    def _record(self, *args, **kwargs):
+        self.call = (args, kwargs)
+
+
+def _recorded_launch(v: Variant):
+    """(kernel, args, kwargs) as launch.py passes them for this variant:
+    its tile choice, num_warps, argument order and contiguous strides."""
+    B, S, Q, M = SHAPE.batch, SHAPE.num_values, SHAPE.num_queries, SHAPE.heads
+    L, K, D = len(SHAPE.levels), SHAPE.points, v.head_dim
+
+    def empty(*shape, dtype=DTYPES[v.dtype]):
+        return torch.empty(shape, dtype=dtype, device="meta")
+
+    inputs = (empty(B, S, M, D), empty(L, 2, dtype=torch.int64), empty(L, dtype=torch.int64),
+              empty(B, Q, M, L, K, 2), empty(B, Q, M, L, K))
+    name = f"msda_{v.kernel}_kernel"
+    recorder = _Recorder(getattr(launch, name))
+    with mock.patch.object(launch, name, recorder):
+        if v.kernel == "fwd":
+            launch.msda_forward(*inputs)
+        else:
+            launch.msda_backward(empty(B, Q, M * D), *inputs, v.fp32_accum)
+    return (recorder.fn, *recorder.call)
+
+
+def _compile(fn, args, kwargs, arch: int):
+    if not isinstance(fn, JITFunction):
+        raise RuntimeError(f"{fn!r} is not a JITFunction (TRITON_INTERPRET=1 when msda_mm was "
+                           f"imported?); interpreted kernels cannot be compiled")
+    target = GPUTarget("cuda", arch, 32)
+    backend = make_backend(target)
+    # JITFunction.run's own specialisation path (private, the same in Triton
+    # 3.6 and 3.7), so the signature, constexprs and divisibility attributes
+    # are those of a real launch: on an H200 the kernel hashes of real
+    # launches and of these sm_90 compiles were found equal.
+    binder = create_function_from_signature(fn.signature, fn.params, backend)
+    bound, specialization, options = binder(*args, **kwargs)
+    options, signature, constexprs, attrs = fn._pack_args(backend, kwargs, bound,
+                                                          specialization, options)
+    return triton.compile(ASTSource(fn, signature, constexprs, attrs), target=target,
+                          options=options.__dict__)
+
+
+def _cuobjdump(cubin: bytes) -> str:
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        return subprocess.run([knobs.nvidia.cuobjdump.path, "-sass", "-res-usage", f.name],
+                              capture_output=True, text=True, check=True).stdout
+
+
+def _count(pattern: re.Pattern, text: str) -> dict:
+    return dict(collections.Counter(pattern.findall(text)))
+
+
+def analyse(ptx: str, sass: str) -> dict:
+    """Atomics, global loads, registers and spills of one compiled kernel.
+
+    The kernels never compare-and-swap on their own, so a CAS is an atomic
+    add the hardware lacks, lowered to a load / CAS retry loop."""
+    atomics = _count(_PTX_ATOMIC, ptx), _count(_SASS_ATOMIC, sass)
+    spills = _count(_SASS_SPILL, sass)
+    return dict(
+        ptx_atomics=atomics[0], sass_atomics=atomics[1],
+        cas_loop=any(".cas" in op.lower() for ops in atomics for op in ops),
+        ptx_loads=_count(_PTX_LOAD, ptx), sass_loads=_count(_SASS_LOAD, sass),
+        regs=int(_SASS_REGS.search(sass).group(1)),
+        spill_stores=spills.get("STL", 0), spill_loads=spills.get("LDL", 0),
+    )
+
+
+def compile_variant(v: Variant) -> dict:
+    """The variant's fields plus ``analyse``'s, or ``error`` if it does not
+    compile.  Never raises, so one failure does not hide the others."""
+    row = dict(dataclasses.asdict(v), accum=v.accum, triton=triton.__version__)
+    start = time.perf_counter()
+    try:
+        kernel = _compile(*_recorded_launch(v), v.arch)
+        row.update(analyse(kernel.asm["ptx"], _cuobjdump(kernel.asm["cubin"])), error=None)
+    except Exception as e:  # noqa: BLE001 - reported per variant, the tool exits non-zero
+        row["error"] = f"{type(e).__name__}: {e}"
+    row["seconds"] = round(time.perf_counter() - start, 1)
+    return row

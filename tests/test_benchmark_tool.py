@@ -1,0 +1,146 @@
+"""tools/benchmark.py and msda_mm.bench on CPU: the input generators, the
+targets check, and a smoke run of the whole tool on the tiny preset."""
+import csv
+import json
+import math
+import runpy
+from pathlib import Path
+
+import pytest
+import torch
+
+from msda_mm.bench.inputs import CLUSTER_SIGMA_PX, make_inputs
+from msda_mm.bench.presets import PRESETS, Preset, pyramid
+from msda_mm.bench.targets import apply_targets, load_targets
+
+TOOL = Path(__file__).resolve().parents[1] / "tools" / "benchmark.py"
+
+# A decoder (random reference points) and an encoder (Q = S) with levels
+# large enough for a few-pixel cluster to be told from uniform locations.
+DECODER = Preset("t_dec", 2, ((40, 60), (20, 30)), queries=50, heads=3, head_dim=4, points=3)
+ENCODER = Preset("t_enc", 2, ((12, 18), (6, 9)), heads=3, head_dim=4, points=3)
+
+
+def test_coco_pyramid():
+    levels = pyramid(800, 1333, (8, 16, 32, 64))
+    assert levels == ((100, 167), (50, 84), (25, 42), (13, 21))
+    assert PRESETS["encoder"].num_values == 22223 == PRESETS["encoder"].num_queries
+    assert PRESETS["decoder"].num_queries == 300
+
+
+@pytest.mark.parametrize("preset", [DECODER, ENCODER, PRESETS["tiny"]], ids=lambda p: p.name)
+@pytest.mark.parametrize("dist", ["uniform", "clustered"])
+def test_input_shapes_and_softmax(preset, dist):
+    x = make_inputs(preset, dist)
+    B, S, Q, M, D = (preset.batch, preset.num_values, preset.num_queries, preset.heads,
+                     preset.head_dim)
+    L, K = len(preset.levels), preset.points
+    assert x.value.shape == (B, S, M, D)
+    assert x.sampling_locations.shape == (B, Q, M, L, K, 2)
+    assert x.attention_weights.shape == (B, Q, M, L, K)
+    assert x.grad_output.shape == (B, Q, M * D)
+    assert x.spatial_shapes.tolist() == [list(hw) for hw in preset.levels]
+    assert x.level_start_index.tolist()[-1] == S - preset.levels[-1][0] * preset.levels[-1][1]
+    sums = x.attention_weights.sum(dim=(-2, -1))
+    torch.testing.assert_close(sums, torch.ones_like(sums))
+
+
+def test_device_copy_keeps_locations_fp32():
+    x = make_inputs(DECODER, "uniform").to("cpu", torch.bfloat16)
+    assert x.value.dtype == x.grad_output.dtype == torch.bfloat16
+    assert x.sampling_locations.dtype == x.attention_weights.dtype == torch.float32
+
+
+def test_seed_determinism():
+    a, b = make_inputs(DECODER, "clustered", seed=3), make_inputs(DECODER, "clustered", seed=3)
+    c = make_inputs(DECODER, "clustered", seed=4)
+    for name in ("value", "sampling_locations", "attention_weights", "grad_output"):
+        assert torch.equal(getattr(a, name), getattr(b, name))
+        assert not torch.equal(getattr(a, name), getattr(c, name))
+
+
+def _pixel_offsets(preset, locations, centres):
+    """Offsets (px of each level) of locations (B, Q, M, L, K, 2) from
+    centres (B, Q, 2) normalised."""
+    wh = torch.tensor([(w, h) for h, w in preset.levels], dtype=torch.float32)
+    return (locations - centres[:, :, None, None, None, :]) * wh[:, None, :]
+
+
+def test_encoder_clusters_around_own_pixel():
+    # Query s of an encoder sits at value position s: row-major in its level.
+    centres = []
+    for h, w in ENCODER.levels:
+        for i in range(h):
+            centres += [((j + 0.5) / w, (i + 0.5) / h) for j in range(w)]
+    centres = torch.tensor(centres).expand(ENCODER.batch, -1, -1)
+    loc = make_inputs(ENCODER, "clustered").sampling_locations
+    offsets = _pixel_offsets(ENCODER, loc, centres)
+    assert offsets.abs().max() < 6 * CLUSTER_SIGMA_PX
+    assert offsets.std().item() == pytest.approx(CLUSTER_SIGMA_PX, rel=0.1)
+    uniform = _pixel_offsets(ENCODER, make_inputs(ENCODER, "uniform").sampling_locations, centres)
+    assert uniform.abs().max() > 6 * CLUSTER_SIGMA_PX
+
+
+def test_decoder_clusters_around_one_point_per_query():
+    loc = make_inputs(DECODER, "clustered").sampling_locations
+    centre = loc.mean(dim=(2, 3, 4))  # (B, Q, 2): estimate of each query's reference point
+    assert _pixel_offsets(DECODER, loc, centre).abs().max() < 6 * CLUSTER_SIGMA_PX
+    # Reference points themselves spread over the image.
+    assert centre.std(dim=1).min() > 0.2
+
+
+def test_targets():
+    cells = [dict(preset="tiny", dist="uniform", dtype="fp32", impl="msda_mm", status="ok",
+                  fwd_us=10.0, max_err=1e-7),
+             dict(preset="tiny", dist="uniform", dtype="bf16", impl="msda_mm", status="ok",
+                  fwd_us=30.0, max_err=math.nan),
+             dict(preset="tiny", dist="uniform", dtype="bf16", impl="mmcv", status="n/a"),
+             dict(preset="tiny", dist="uniform", dtype="fp32", impl="reference", status="ok",
+                  fwd_us=1.0)]
+    apply_targets(cells, load_targets('{"*/*/*/msda_mm": {"fwd_us": 20, "max_err": 0.01},'
+                                      ' "*/*/*/mmcv": {"fwd_us": 1}}'))
+    assert [c["target_ok"] for c in cells] == [True, False, None, None]
+    assert "fwd_us" in cells[1]["target_note"] and "max_err" in cells[1]["target_note"]
+    with pytest.raises(ValueError):
+        load_targets('{"*": 3}')
+
+
+def test_tool_smoke(tmp_path, capsys):
+    main = runpy.run_path(str(TOOL))["main"]
+    out = tmp_path / "bench"
+    assert main(["--device", "cpu", "--presets", "tiny", "--dtypes", "fp32,bf16",
+                 "--impl", "msda_mm,reference,mmcv", "--budget-ms", "1", "--out", str(out),
+                 "--targets", '{"*/*/*/msda_mm": {"max_err": 0.02}}']) == 0
+    table = capsys.readouterr().out
+    assert "n/a   mmcv" in table
+
+    result = json.loads((out / "cpu.json").read_text())
+    assert {"device", "torch", "triton", "date", "command", "method"} <= result.keys()
+    cells = result["cells"]
+    assert len(cells) == 2 * 2 * 3  # dists x dtypes x impls
+    ran = [c for c in cells if c["impl"] != "mmcv"]
+    assert all(c["status"] == "ok" for c in ran), [c["note"] for c in ran]
+    assert all(c["status"] == "n/a" for c in cells if c["impl"] == "mmcv")
+    for c in ran:
+        assert c["fwd_us"] > 0 and c["fwdbwd_us"] > 0 and c["gather_gbps"] > 0
+        # fp32: rounding of float32 sums; bf16: the output and grad_value round to bf16.
+        assert c["max_err"] < (1e-5 if c["dtype"] == "fp32" else 2e-2), c
+    assert all(c["target_ok"] for c in cells if c["impl"] == "msda_mm")
+
+    with (out / "cpu.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == len(cells)
+    assert {"preset", "dist", "dtype", "impl", "fwd_us", "bwd_us", "max_err"} <= rows[0].keys()
+    assert (out / "cpu.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_grad_loc_error_skips_samples_on_pixel_centre_lines():
+    from msda_mm.bench.cell import _off_kinks
+    x = make_inputs(PRESETS["tiny"], "uniform")  # level 0 is 3 x 2 (H x W)
+    loc = torch.tensor([[0.75, 0.5], [0.25 + 1e-5, 0.4], [0.6, 0.5 / 3]])  # (x, y)
+    x.sampling_locations = loc.view(1, 3, 1, 1, 1, 2)
+    x.spatial_shapes = x.spatial_shapes[:1]
+    # x * 2 - 0.5 = 1.0: on a column of centres; 1e-5 off it; y * 3 - 0.5 = 0.
+    assert _off_kinks(x).flatten().tolist() == [False, False, False]
+    x.sampling_locations = torch.tensor([0.6, 0.4]).view(1, 1, 1, 1, 1, 2)
+    assert _off_kinks(x).flatten().tolist() == [True]

@@ -1,0 +1,67 @@
+"""tools/compile_check.py: the backward's grad_value atomics, compiled for
+sm_80 and sm_90 on the CPU (no GPU needed), at the mmdet default D = 32.
+
+What is checked is what the accumulation-mode auto-selection rests on: bf16
+atomic adds are a CAS loop on sm_80 (so auto picks the fp32 scratch there),
+fp32 adds are native on both archs, and the vectorised bf16 adds of the
+current tile layout are native on sm_90 (so auto keeps bf16 there).
+"""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+TOOL = Path(__file__).resolve().parents[1] / "tools" / "compile_check.py"
+
+
+@pytest.fixture(scope="module")
+def rows(tmp_path_factory):
+    """The four bf16 backward variants (2 archs x 2 accumulation modes).
+
+    A subprocess, because conftest.py turned the interpreter on in this
+    process, and interpreted kernels cannot be compiled."""
+    out = tmp_path_factory.mktemp("compile_check") / "rows.json"
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    run = subprocess.run([sys.executable, str(TOOL), "--archs", "80", "90", "--dtypes", "bf16",
+                          "--kernels", "bwd", "--head-dims", "32", "--json", str(out)],
+                         env=env, capture_output=True, text=True, timeout=600)
+    print(run.stdout)  # the table, shown with -s or on failure
+    assert run.returncode == 0, run.stdout + run.stderr
+    return {(r["arch"], r["fp32_accum"]): r for r in json.loads(out.read_text())}
+
+
+def _fp32_adds_only(row):
+    assert not row["cas_loop"], row
+    assert row["ptx_atomics"] and all(".add." in op and op.endswith("f32")
+                                      for op in row["ptx_atomics"]), row
+    assert row["sass_atomics"] and all(".ADD.F32" in op for op in row["sass_atomics"]), row
+
+
+def test_variants_and_auto_selection(rows):
+    assert set(rows) == {(80, True), (80, False), (90, True), (90, False)}
+    assert rows[80, True]["auto"] and rows[90, False]["auto"]
+    assert not rows[80, False]["auto"] and not rows[90, True]["auto"]
+
+
+@pytest.mark.parametrize("arch", [80, 90])
+def test_fp32_accumulation_is_native(rows, arch):
+    _fp32_adds_only(rows[arch, True])
+
+
+def test_native_bf16_on_sm80_is_a_cas_loop(rows):
+    row = rows[80, False]
+    assert row["cas_loop"], row
+    assert any("CAS" in op for op in row["sass_atomics"]), row
+
+
+def test_native_bf16_on_sm90_is_a_vector_red(rows):
+    # A scalar bf16 add would be a CAS loop here too (see the D = 24 rows of
+    # the tool); the D-contiguous tile gives each thread a bf16 vector.
+    row = rows[90, False]
+    assert not row["cas_loop"], row
+    assert row["ptx_atomics"] and all(".add.noftz.v" in op and op.endswith("bf16")
+                                      for op in row["ptx_atomics"]), row
+    assert row["sass_atomics"] and all(".ADD.BF16x" in op for op in row["sass_atomics"]), row

@@ -1,0 +1,106 @@
+"""Benchmark msda_mm's MSDA op against the PyTorch reference and mmcv.
+
+    python tools/benchmark.py                      # whole matrix on cuda -> benchmarks/
+    python tools/benchmark.py --out benchmarks $OUT --targets targets.json
+    python tools/benchmark.py --device cpu --presets tiny --impl msda_mm,reference
+
+Writes <out>/<device-slug>.json, .csv and .png for each --out folder and
+prints a table.  Methods: msda_mm/bench/timing.py and cell.METHOD (copied
+into the JSON).
+"""
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+import time
+from pathlib import Path
+
+# Runs as `python tools/benchmark.py` from a checkout, installed or not.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+from msda_mm.bench.cell import METHOD  # noqa: E402
+from msda_mm.bench.impls import IMPLS  # noqa: E402
+from msda_mm.bench.inputs import DISTRIBUTIONS  # noqa: E402
+from msda_mm.bench.plot import plot_times  # noqa: E402
+from msda_mm.bench.presets import DEFAULT_PRESETS, PRESETS  # noqa: E402
+from msda_mm.bench.report import (console_table, device_name, environment, slug,  # noqa: E402
+                                  write_csv, write_json)
+from msda_mm.bench.run import DTYPES, Config, run_matrix  # noqa: E402
+from msda_mm.bench.targets import apply_targets, load_targets  # noqa: E402
+
+_ACCUM = {"auto": None, "on": True, "off": False}
+
+
+def _names(choices):
+    """argparse type: comma-separated names, each one of ``choices``."""
+    def parse(text: str) -> tuple[str, ...]:
+        names = tuple(n for n in text.split(",") if n)
+        unknown = [n for n in names if n not in choices]
+        if unknown or not names:
+            raise argparse.ArgumentTypeError(f"{text!r}: choose from {', '.join(choices)}")
+        return names
+    return parse
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--presets", type=_names(PRESETS), default=DEFAULT_PRESETS,
+                   help=f"comma-separated (default: {','.join(DEFAULT_PRESETS)})")
+    p.add_argument("--dtypes", type=_names(DTYPES), default=tuple(DTYPES),
+                   help="value dtypes; locations and weights are always fp32")
+    p.add_argument("--locations", type=_names(DISTRIBUTIONS), default=DISTRIBUTIONS)
+    p.add_argument("--impl", type=_names(IMPLS), default=IMPLS,
+                   help="mmcv only runs where a compiled mmcv is importable (else n/a)")
+    p.add_argument("--device", type=torch.device, default=torch.device("cuda"),
+                   help="cpu: smoke test, perf_counter wall times, no graphs or memory")
+    p.add_argument("--fp32-grad-accum", choices=_ACCUM, default="auto",
+                   help="msda_mm's grad_value accumulation (on: the pre-Hopper bf16 path)")
+    p.add_argument("--out", type=Path, nargs="+", default=[Path("benchmarks")],
+                   help="folders to write <device>.json/.csv/.png into")
+    p.add_argument("--targets", help="JSON, inline or a file: see msda_mm/bench/targets.py")
+    p.add_argument("--budget-ms", type=float, default=50.0,
+                   help="time each timer repeats its call for (5 to 500 repetitions)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--tiles", default="",
+                   help="extra msda_mm rows with other tiles, e.g. '16x4,32x4;32x4,32x8' "
+                        "(forward BLOCK_Q x warps, backward BLOCK_Q x warps; ';' between rows)")
+    args = p.parse_args(argv)
+    args.impl = args.impl + tuple(f"msda_mm@{t}" for t in args.tiles.split(";") if t)
+    if args.device.type == "cuda" and not torch.cuda.is_available():
+        p.error("no CUDA device here: use --device cpu for a smoke test")
+    return args
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = parse_args(argv)
+    targets = load_targets(args.targets) if args.targets else {}
+    config = Config(args.presets, args.locations, args.dtypes, args.impl, args.device,
+                    _ACCUM[args.fp32_grad_accum], args.budget_ms, args.seed)
+    start = time.perf_counter()
+    records = run_matrix(config, log=lambda line: print(line, flush=True))
+    apply_targets(records, targets)
+    meta = dict(environment(args.device),
+                command=shlex.join(["python", "tools/benchmark.py", *argv]),
+                config=dict(presets=args.presets, locations=args.locations, dtypes=args.dtypes,
+                            impl=args.impl, fp32_grad_accum=args.fp32_grad_accum,
+                            budget_ms=args.budget_ms, seed=args.seed, targets=targets),
+                wall_s=round(time.perf_counter() - start, 1), method=METHOD)
+    name = device_name(args.device)
+    for folder in args.out:
+        folder.mkdir(parents=True, exist_ok=True)
+        write_json(folder / f"{slug(name)}.json", meta, records)
+        write_csv(folder / f"{slug(name)}.csv", records)
+    print(console_table(records))
+    print(f"{len(records)} cells in {meta['wall_s']} s on {name}; results in "
+          + ", ".join(str(folder / slug(name)) + ".{json,csv,png}" for folder in args.out))
+    for folder in args.out:
+        plot_times(records, folder / f"{slug(name)}.png", f"MSDA on {name}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
