@@ -1,0 +1,63 @@
+# DINO-4scale R50 on the synthetic shapes data (1000 + 100 images of
+# 512 x 512, written to data/synthetic/ on first use; see
+# msda_mm/datasets/synthetic), fp32: the twin of dino_r50_synthetic_bf16.py.
+_base_ = '../dino_fp32.py'
+# msda_mm.datasets registers SyntheticShapesDataset.
+custom_imports = dict(imports=['msda_mm', 'msda_mm.datasets'], allow_failed_imports=False)
+
+data_root = 'data/synthetic/'
+# Train and val read one generated tree, so they share its arguments.
+dataset = dict(
+    type='SyntheticShapesDataset',
+    data_root=data_root,
+    synthetic_cfg=dict(num_train=1000, num_val=100, size=(512, 512), seed=0))
+
+model = dict(
+    num_queries=100,  # at most 6 shapes an image: COCO's 900 only cost time
+    # Trained from scratch (no pretrained weights), so nothing is frozen and
+    # BN learns its statistics.
+    backbone=dict(frozen_stages=-1, norm_cfg=dict(type='BN', requires_grad=True),
+                  norm_eval=False),
+    bbox_head=dict(num_classes=6),
+    test_cfg=dict(max_per_img=100))
+
+# Images are used at their generated size (shape sizes already vary): one
+# input shape, so nothing is recompiled or re-tuned per batch.
+train_pipeline = [
+    dict(type='LoadImageFromFile'),
+    dict(type='LoadAnnotations', with_bbox=True),
+    dict(type='RandomFlip', prob=0.5),
+    dict(type='PackDetInputs'),
+]
+test_pipeline = [
+    dict(type='LoadImageFromFile'),
+    # A no-op resize that records the scale factor prediction rescaling reads.
+    dict(type='Resize', scale_factor=1.0),
+    dict(type='LoadAnnotations', with_bbox=True),
+    dict(type='PackDetInputs',
+         meta_keys=('img_id', 'img_path', 'ori_shape', 'img_shape', 'scale_factor')),
+]
+train_dataloader = dict(
+    batch_size=8,
+    num_workers=4,
+    dataset=dict(**dataset, ann_file='annotations/instances_train.json',
+                 data_prefix=dict(img='train/'), pipeline=train_pipeline))
+val_dataloader = dict(
+    dataset=dict(**dataset, ann_file='annotations/instances_val.json',
+                 data_prefix=dict(img='val/'), pipeline=test_pipeline))
+test_dataloader = val_dataloader
+val_evaluator = dict(ann_file=data_root + 'annotations/instances_val.json')
+test_evaluator = val_evaluator
+
+# From scratch the backbone learns at the full rate: no paramwise_cfg (COCO's
+# backbone lr_mult=0.1 is for fine-tuning ImageNet weights).
+optim_wrapper = dict(optimizer=dict(lr=2e-4), paramwise_cfg=dict(_delete_=True))
+# 750 iterations, evaluated after 375 and 750.
+max_epochs = 6
+train_cfg = dict(max_epochs=max_epochs, val_interval=3)
+param_scheduler = [
+    dict(type='MultiStepLR', begin=0, end=max_epochs, by_epoch=True, milestones=[5],
+         gamma=0.1)
+]
+default_hooks = dict(checkpoint=dict(interval=3, max_keep_ckpts=2))
+auto_scale_lr = dict(base_batch_size=8)

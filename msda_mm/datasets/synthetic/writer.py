@@ -1,0 +1,131 @@
+"""Writing a synthetic shapes dataset to disk in COCO layout.
+
+Every image draws from its own random stream, seeded by (seed, split,
+index), and files are written with fixed PNG settings and sorted-key JSON:
+the same arguments give the same bytes, whatever the number of threads.
+"""
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import zlib
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import cv2
+import numpy as np
+
+from .render import CLASSES, render
+
+SPLITS = ("train", "val")
+MARKER = ".synthetic.json"
+# Bump when the drawing changes, so a tree written by an older generator is
+# not silently reused as if it were what these arguments produce.
+FORMAT_VERSION = 1
+_PNG_PARAMS = [cv2.IMWRITE_PNG_COMPRESSION, 3]
+
+
+def ann_file(split: str) -> str:
+    """Annotation path of a split, relative to the dataset root."""
+    return f"annotations/instances_{split}.json"
+
+
+def _image_rng(seed: int, split: str, index: int) -> np.random.Generator:
+    # crc32 rather than hash(): str hashes are salted per process.
+    return np.random.default_rng([seed, zlib.crc32(split.encode()), index])
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+def _default_workers() -> int:
+    return min(len(os.sched_getaffinity(0)), 16)
+
+
+def _write_image(out: Path, split: str, index: int, size: tuple[int, int],
+                 seed: int) -> list[dict]:
+    img, objects = render(_image_rng(seed, split, index), *size)
+    ok, png = cv2.imencode(".png", img, _PNG_PARAMS)
+    assert ok, "OpenCV failed to encode a PNG"
+    _write_atomic(out / split / f"{index:06d}.png", png.tobytes())
+    return objects
+
+
+def generate_split(out: Path, split: str, num_images: int, size: tuple[int, int], seed: int,
+                   workers: int | None = None) -> None:
+    """Write ``out/<split>/*.png`` and ``out/annotations/instances_<split>.json``.
+
+    Images are drawn on ``workers`` threads (default: the usable cores, at
+    most 16): numpy and OpenCV release the GIL for the heavy work, and each
+    image has its own random stream, so the output does not depend on it.
+    """
+    h, w = size
+    (out / split).mkdir(parents=True, exist_ok=True)
+    (out / "annotations").mkdir(parents=True, exist_ok=True)
+    with ThreadPoolExecutor(workers or _default_workers()) as pool:
+        per_image = list(pool.map(lambda i: _write_image(out, split, i, size, seed),
+                                  range(num_images)))
+    images, annotations = [], []
+    for index, objects in enumerate(per_image):
+        image_id = index + 1
+        images.append(dict(id=image_id, file_name=f"{index:06d}.png", height=h, width=w))
+        for obj in objects:
+            annotations.append(dict(obj, id=len(annotations) + 1, image_id=image_id, iscrowd=0))
+    coco = dict(images=images, annotations=annotations,
+                categories=[dict(id=i + 1, name=n, supercategory="shape")
+                            for i, n in enumerate(CLASSES)],
+                info=dict(description=f"msda_mm synthetic shapes, {split}, seed {seed}"))
+    _write_atomic(out / ann_file(split), json.dumps(coco, sort_keys=True).encode())
+
+
+def marker(num_train: int, num_val: int, size: Sequence[int], seed: int) -> dict:
+    """What the marker file of a tree generated with these arguments holds."""
+    return dict(num_train=int(num_train), num_val=int(num_val), size=[int(s) for s in size],
+                seed=int(seed), version=FORMAT_VERSION)
+
+
+def generate(out: str | os.PathLike, num_train: int, num_val: int, size: Sequence[int],
+             seed: int = 0, workers: int | None = None) -> None:
+    """Write both splits under ``out``, then the marker recording the
+    arguments: written last, so a tree without it is incomplete."""
+    out = Path(out)
+    size = (int(size[0]), int(size[1]))
+    if min(size) < 32:
+        # Below that the size range of the shapes is empty (and mmdet's
+        # default filter drops images under 32 pixels anyway).
+        raise ValueError(f"synthetic images must be at least 32 x 32, got {size}")
+    for split, num in zip(SPLITS, (num_train, num_val), strict=True):
+        generate_split(out, split, num, size, seed, workers)
+    _write_atomic(out / MARKER, json.dumps(marker(num_train, num_val, size, seed),
+                                           sort_keys=True).encode())
+
+
+def ensure_generated(out: str | os.PathLike, num_train: int, num_val: int,
+                     size: Sequence[int], seed: int = 0) -> bool:
+    """Generate the tree under ``out`` unless it is already there; True if
+    this call wrote it.
+
+    Safe for several processes at once (DDP ranks, even on several nodes
+    sharing a file system): they serialise on an exclusive lock in ``out``;
+    the first writes, the others then find the marker and return.  Raises
+    ValueError if ``out`` holds a tree generated with other arguments,
+    rather than train on data that differs from what the config says.
+    """
+    out = Path(out)
+    want = marker(num_train, num_val, size, seed)
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / ".generate.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (out / MARKER).exists():
+            have = json.loads((out / MARKER).read_text())
+            if have != want:
+                raise ValueError(f"{out} holds synthetic data generated with {have}, but "
+                                 f"{want} was asked for: delete it or use another data_root")
+            return False
+        generate(out, num_train, num_val, size, seed)
+        return True

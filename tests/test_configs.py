@@ -1,0 +1,51 @@
+"""Every shipped config builds, uses msda_mm's op in every multi-scale
+deformable attention, needs no download, and each bf16 config differs from
+its fp32 twin only in the optimizer wrapper."""
+from pathlib import Path
+
+import pytest
+from mmengine.config import Config
+from mmengine.registry import init_default_scope
+
+from msda_mm.models import TritonMSDeformAttn
+
+# isort: split
+# After msda_mm, whose mmcv-lite shims make these importable.
+from mmcv.ops import MultiScaleDeformableAttention
+from mmdet.registry import MODELS
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+ALL = sorted(p.relative_to(CONFIGS).as_posix() for p in CONFIGS.rglob("*.py"))
+BF16 = [c for c in ALL if c.endswith("_bf16.py")]
+
+
+def _load(name: str) -> Config:
+    return Config.fromfile(str(CONFIGS / name))
+
+
+def test_the_documented_configs_ship():
+    assert {"dino_bf16.py", "dino_fp32.py", "deformable_detr_bf16.py", "deformable_detr_fp32.py",
+            "synthetic/dino_r50_synthetic_bf16.py", "synthetic/dino_tiny_cpu.py"} <= set(ALL)
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_model_builds_with_triton_msda_everywhere(name):
+    cfg = _load(name)
+    assert "msda_mm" in cfg.custom_imports.imports
+    # Nothing may be downloaded at run time.
+    assert cfg.model.backbone.init_cfg is None
+    init_default_scope("mmdet")
+    model = MODELS.build(cfg.model)
+    msda = [m for m in model.modules() if isinstance(m, MultiScaleDeformableAttention)]
+    assert len(msda) == cfg.model.encoder.num_layers + cfg.model.decoder.num_layers
+    assert all(type(m) is TritonMSDeformAttn for m in msda)
+
+
+@pytest.mark.parametrize("name", BF16)
+def test_bf16_config_is_its_fp32_twin_plus_amp(name):
+    bf16, fp32 = _load(name).to_dict(), _load(name.replace("_bf16", "_fp32")).to_dict()
+    amp, plain = bf16.pop("optim_wrapper"), fp32.pop("optim_wrapper")
+    assert bf16 == fp32
+    assert (amp.pop("type"), amp.pop("dtype"), plain.pop("type")) == \
+        ("AmpOptimWrapper", "bfloat16", "OptimWrapper")
+    assert amp == plain

@@ -1,0 +1,73 @@
+"""Train a detector: ``python tools/train.py CONFIG [--work-dir DIR]
+[--cfg-options k=v ...] [--amp] [--auto-scale-lr] [--resume [CKPT]]
+[--launcher {none,pytorch,slurm,mpi}]`` -- mmdet's tools/train.py command
+line, run by mmengine's Runner.  Multi-GPU: tools/dist_train.sh."""
+from __future__ import annotations
+
+import argparse
+
+import torch
+from common import add_common_args, build_runner, load_config
+
+# AmpOptimWrapper's own arguments, which plain OptimWrapper rejects.
+_AMP_ONLY_ARGS = ("dtype", "loss_scale", "use_fsdp")
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description="Train a detector")
+    parser.add_argument("config", help="train config file")
+    add_common_args(parser)
+    parser.add_argument("--amp", action="store_true",
+                        help="mixed precision (fp16 autocast, dynamic loss scale)")
+    parser.add_argument("--auto-scale-lr", action="store_true",
+                        help="scale the LR by the actual over the config's "
+                             "auto_scale_lr.base_batch_size")
+    parser.add_argument("--resume", nargs="?", const="auto",
+                        help="resume from CKPT, or without CKPT from the latest "
+                             "checkpoint in the work dir")
+    return parser.parse_args(argv)
+
+
+def apply_train_args(cfg, args: argparse.Namespace) -> None:
+    if args.amp:
+        cfg.optim_wrapper.type = "AmpOptimWrapper"
+        cfg.optim_wrapper.loss_scale = "dynamic"
+    if args.auto_scale_lr:
+        if "base_batch_size" not in cfg.get("auto_scale_lr", {}):
+            raise SystemExit("--auto-scale-lr needs auto_scale_lr.base_batch_size in the config")
+        cfg.auto_scale_lr.enable = True
+    if args.resume == "auto":
+        cfg.resume, cfg.load_from = True, None
+    elif args.resume is not None:
+        cfg.resume, cfg.load_from = True, args.resume
+
+
+def check_precision(cfg, config_path: str) -> None:
+    """Stop with a clear message where AMP cannot run, rather than at
+    AmpOptimWrapper's bare assertion deep inside the Runner; and let
+    ``--cfg-options optim_wrapper.type=OptimWrapper`` turn an AMP config
+    into fp32 by dropping the AMP-only arguments it leaves behind."""
+    wrapper = cfg.get("optim_wrapper", {})
+    if wrapper.get("type") == "OptimWrapper":
+        for key in _AMP_ONLY_ARGS:
+            wrapper.pop(key, None)
+    elif wrapper.get("type") == "AmpOptimWrapper" and not torch.cuda.is_available():
+        dtype = wrapper.get("dtype") or "float16"
+        raise SystemExit(
+            f"{config_path} trains with AmpOptimWrapper ({dtype} mixed precision), which needs "
+            f"a CUDA GPU, and none is available.\nWithout a GPU, either train the CPU demo:\n"
+            f"  python tools/train.py configs/synthetic/dino_tiny_cpu.py\n"
+            f"or run this config in fp32 (slow on CPU):\n"
+            f"  python tools/train.py {config_path} --cfg-options optim_wrapper.type=OptimWrapper")
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    cfg = load_config(args)
+    apply_train_args(cfg, args)
+    check_precision(cfg, args.config)
+    build_runner(cfg).train()
+
+
+if __name__ == "__main__":
+    main()
