@@ -68,6 +68,34 @@ def _point_ptrs(ptr, b, q, m, stride_b, stride_q, stride_m):
 
 
 @triton.jit
+def _sample_point(loc_base, attn_base, l, k, stride_ll, stride_lk, stride_lc, stride_al,
+                  stride_ak, H, W, start, S, qmask, ACC: tl.constexpr):
+    """Weight, corner indices/masks and bilinear fractions of point (l, k)
+    for a [BLOCK_Q] vector of queries."""
+    lp = loc_base + l * stride_ll + k * stride_lk
+    x = tl.load(lp, mask=qmask, other=0.0).to(ACC)
+    y = tl.load(lp + stride_lc, mask=qmask, other=0.0).to(ACC)
+    w = tl.load(attn_base + l * stride_al + k * stride_ak, mask=qmask, other=0.0).to(ACC)
+    i00, m00, m01, m10, m11, lx, ly = _bilinear_corners(x, y, H, W, start, S, qmask)
+    return w, i00, m00, m01, m10, m11, lx, ly
+
+
+@triton.jit
+def _load_corners(v_base, i00, W, m00, m01, m10, m11, stride_vs, offs_d, stride_vd, dmask,
+                  ACC: tl.constexpr):
+    """The four [BLOCK_Q, BLOCK_D] corner rows around each sample (zeros
+    where a corner is outside its level)."""
+    p00 = _row_ptrs(v_base, i00, stride_vs, offs_d, stride_vd)
+    p10 = p00 + W.to(tl.int64) * stride_vs
+    dm = dmask[None, :]
+    v00 = tl.load(p00, mask=m00[:, None] & dm, other=0.0).to(ACC)
+    v01 = tl.load(p00 + stride_vs, mask=m01[:, None] & dm, other=0.0).to(ACC)
+    v10 = tl.load(p10, mask=m10[:, None] & dm, other=0.0).to(ACC)
+    v11 = tl.load(p10 + stride_vs, mask=m11[:, None] & dm, other=0.0).to(ACC)
+    return v00, v01, v10, v11
+
+
+@triton.jit
 def msda_fwd_kernel(
     value_ptr, shapes_ptr, starts_ptr, loc_ptr, attn_ptr, out_ptr,
     Q, M, S, D,
@@ -105,18 +133,11 @@ def msda_fwd_kernel(
         W = tl.load(shapes_ptr + 2 * l + 1)
         start = tl.load(starts_ptr + l)
         for k in range(K):
-            lp = loc_base + l * stride_ll + k * stride_lk
-            x = tl.load(lp, mask=qmask, other=0.0).to(ACC)
-            y = tl.load(lp + stride_lc, mask=qmask, other=0.0).to(ACC)
-            w = tl.load(attn_base + l * stride_al + k * stride_ak, mask=qmask, other=0.0).to(ACC)
-            i00, m00, m01, m10, m11, lx, ly = _bilinear_corners(x, y, H, W, start, S, qmask)
-            p00 = _row_ptrs(v_base, i00, stride_vs, offs_d, stride_vd)
-            p10 = p00 + W.to(tl.int64) * stride_vs
-            dm = dmask[None, :]
-            v00 = tl.load(p00, mask=m00[:, None] & dm, other=0.0).to(ACC)
-            v01 = tl.load(p00 + stride_vs, mask=m01[:, None] & dm, other=0.0).to(ACC)
-            v10 = tl.load(p10, mask=m10[:, None] & dm, other=0.0).to(ACC)
-            v11 = tl.load(p10 + stride_vs, mask=m11[:, None] & dm, other=0.0).to(ACC)
+            w, i00, m00, m01, m10, m11, lx, ly = _sample_point(
+                loc_base, attn_base, l, k, stride_ll, stride_lk, stride_lc, stride_al, stride_ak,
+                H, W, start, S, qmask, ACC)
+            v00, v01, v10, v11 = _load_corners(v_base, i00, W, m00, m01, m10, m11, stride_vs,
+                                               offs_d, stride_vd, dmask, ACC)
             hx = 1.0 - lx
             hy = 1.0 - ly
             acc += (w * hy * hx)[:, None] * v00 + (w * hy * lx)[:, None] * v01 \
@@ -177,19 +198,17 @@ def msda_bwd_kernel(
         W = tl.load(shapes_ptr + 2 * l + 1)
         start = tl.load(starts_ptr + l)
         for k in range(K):
-            lp = loc_base + l * stride_ll + k * stride_lk
-            x = tl.load(lp, mask=qmask, other=0.0).to(ACC)
-            y = tl.load(lp + stride_lc, mask=qmask, other=0.0).to(ACC)
-            w = tl.load(attn_base + l * stride_al + k * stride_ak, mask=qmask, other=0.0).to(ACC)
-            i00, m00, m01, m10, m11, lx, ly = _bilinear_corners(x, y, H, W, start, S, qmask)
-            p00 = _row_ptrs(v_base, i00, stride_vs, offs_d, stride_vd)
-            p10 = p00 + W.to(tl.int64) * stride_vs
+            w, i00, m00, m01, m10, m11, lx, ly = _sample_point(
+                loc_base, attn_base, l, k, stride_ll, stride_lk, stride_lc, stride_al, stride_ak,
+                H, W, start, S, qmask, ACC)
+            v00, v01, v10, v11 = _load_corners(v_base, i00, W, m00, m01, m10, m11, stride_vs,
+                                               offs_d, stride_vd, dmask, ACC)
             # s_c = <grad_out, corner row c>: everything the location and
             # weight gradients need from the value.
-            s00 = tl.sum(go * tl.load(p00, mask=m00[:, None] & dm, other=0.0).to(ACC), axis=1)
-            s01 = tl.sum(go * tl.load(p00 + stride_vs, mask=m01[:, None] & dm, other=0.0).to(ACC), axis=1)
-            s10 = tl.sum(go * tl.load(p10, mask=m10[:, None] & dm, other=0.0).to(ACC), axis=1)
-            s11 = tl.sum(go * tl.load(p10 + stride_vs, mask=m11[:, None] & dm, other=0.0).to(ACC), axis=1)
+            s00 = tl.sum(go * v00, axis=1)
+            s01 = tl.sum(go * v01, axis=1)
+            s10 = tl.sum(go * v10, axis=1)
+            s11 = tl.sum(go * v11, axis=1)
             hx = 1.0 - lx
             hy = 1.0 - ly
             g_attn = hy * (hx * s00 + lx * s01) + ly * (hx * s10 + lx * s11)
