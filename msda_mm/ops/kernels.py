@@ -68,6 +68,23 @@ def _point_ptrs(ptr, b, q, m, stride_b, stride_q, stride_m):
 
 
 @triton.jit
+def _program_tile(Q, M, D, BLOCK_Q: tl.constexpr, BLOCK_D: tl.constexpr):
+    """This program's batch b, head m, [BLOCK_Q] queries and [BLOCK_D] head
+    channels, with their bounds masks.  Query blocks vary fastest."""
+    pid = tl.program_id(0)
+    num_qb = tl.cdiv(Q, BLOCK_Q)
+    bm = pid // num_qb
+    q = (pid % num_qb) * BLOCK_Q + tl.arange(0, BLOCK_Q)
+    offs_d = tl.arange(0, BLOCK_D)
+    return bm // M, bm % M, q, q < Q, offs_d, offs_d < D
+
+
+@triton.jit
+def _level(shapes_ptr, starts_ptr, l):
+    return tl.load(shapes_ptr + 2 * l), tl.load(shapes_ptr + 2 * l + 1), tl.load(starts_ptr + l)
+
+
+@triton.jit
 def _sample_point(loc_base, attn_base, l, k, stride_ll, stride_lk, stride_lc, stride_al,
                   stride_ak, H, W, start, S, qmask, ACC: tl.constexpr):
     """Weight, corner indices/masks and bilinear fractions of point (l, k)
@@ -113,25 +130,14 @@ def msda_fwd_kernel(
     Grid: (cdiv(Q, BLOCK_Q) * B * M,), query blocks fastest so that
     neighbouring programs sample neighbouring rows of the same head.
     """
-    pid = tl.program_id(0)
-    num_qb = tl.cdiv(Q, BLOCK_Q)
-    qb = pid % num_qb
-    bm = pid // num_qb
-    b = bm // M
-    m = bm % M
-    q = qb * BLOCK_Q + tl.arange(0, BLOCK_Q)
-    qmask = q < Q
-    offs_d = tl.arange(0, BLOCK_D)
-    dmask = offs_d < D
+    b, m, q, qmask, offs_d, dmask = _program_tile(Q, M, D, BLOCK_Q, BLOCK_D)
 
     v_base = _head_base(value_ptr, b, m, stride_vb, stride_vm)
     loc_base = _point_ptrs(loc_ptr, b, q, m, stride_lb, stride_lq, stride_lm)
     attn_base = _point_ptrs(attn_ptr, b, q, m, stride_ab, stride_aq, stride_am)
     acc = tl.zeros([BLOCK_Q, BLOCK_D], dtype=ACC)
     for l in tl.static_range(L):
-        H = tl.load(shapes_ptr + 2 * l)
-        W = tl.load(shapes_ptr + 2 * l + 1)
-        start = tl.load(starts_ptr + l)
+        H, W, start = _level(shapes_ptr, starts_ptr, l)
         for k in range(K):
             w, i00, m00, m01, m10, m11, lx, ly = _sample_point(
                 loc_base, attn_base, l, k, stride_ll, stride_lk, stride_lc, stride_al, stride_ak,
@@ -170,16 +176,7 @@ def msda_bwd_kernel(
     value's own, or fp32 scratch); grad_loc (B, Q, M, L, K, 2) and
     grad_attn (B, Q, M, L, K) are written once per element.
     """
-    pid = tl.program_id(0)
-    num_qb = tl.cdiv(Q, BLOCK_Q)
-    qb = pid % num_qb
-    bm = pid // num_qb
-    b = bm // M
-    m = bm % M
-    q = qb * BLOCK_Q + tl.arange(0, BLOCK_Q)
-    qmask = q < Q
-    offs_d = tl.arange(0, BLOCK_D)
-    dmask = offs_d < D
+    b, m, q, qmask, offs_d, dmask = _program_tile(Q, M, D, BLOCK_Q, BLOCK_D)
     dm = dmask[None, :]
 
     go_ptrs = _row_ptrs(_head_base(grad_out_ptr, b, m, stride_gob, stride_gom), q,
@@ -194,9 +191,7 @@ def msda_bwd_kernel(
     gl_base = _point_ptrs(grad_loc_ptr, b, q, m, stride_glb, stride_glq, stride_glm)
     ga_base = _point_ptrs(grad_attn_ptr, b, q, m, stride_gab, stride_gaq, stride_gam)
     for l in tl.static_range(L):
-        H = tl.load(shapes_ptr + 2 * l)
-        W = tl.load(shapes_ptr + 2 * l + 1)
-        start = tl.load(starts_ptr + l)
+        H, W, start = _level(shapes_ptr, starts_ptr, l)
         for k in range(K):
             w, i00, m00, m01, m10, m11, lx, ly = _sample_point(
                 loc_base, attn_base, l, k, stride_ll, stride_lk, stride_lc, stride_al, stride_ak,
