@@ -1,0 +1,4 @@
+"""Whole-model tooling behind tools/parity.py and tools/profile_step.py:
+switching a model's MSDA op (attention), training steps outside mmengine's
+loop (training), comparisons (compare), profiler summaries (profiling),
+loss-curve plots (plot) and shared command-line pieces (cli)."""

@@ -1,0 +1,94 @@
+"""What a ``torch.profiler`` trace of training steps says about one step:
+device-busy time, the MSDA kernels' share of it, the host's most expensive
+ops and Python functions, and its synchronisation points.
+
+The steps are marked with ``record_function(STEP)``.  Host events count when
+they start inside a marked step, on the step's thread or on any other that
+runs ops then (CUDA runs the backward on the autograd engine's own thread,
+which the Python stack of the step does not contain).  Device events count
+whole: the profiled window holds nothing but the steps.
+"""
+from __future__ import annotations
+
+import bisect
+import re
+from collections import defaultdict
+
+from torch.autograd import DeviceType
+
+STEP = "msda_mm::train_step"
+
+# Kernels of msda_mm (msda_fwd_kernel, msda_bwd_kernel) and of mmcv
+# (ms_deformable_im2col_gpu_kernel, ...).
+MSDA_KERNEL = re.compile(r"msda|ms_deform", re.IGNORECASE)
+
+# Host events that wait for the device, or stand for such a wait on CUDA
+# (counted on the CPU too: each is a stall once the model runs on a GPU).
+SYNC_EVENTS = ("aten::_local_scalar_dense", "aten::item", "aten::nonzero",
+               "cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize",
+               "cudaMemcpy")
+
+TOP_HOST = 15
+
+# Python events name their callable with its address ("<built-in method sum
+# of Tensor object at 0x7f...>"): dropped, so each callable is one row.
+_ADDRESS = re.compile(r" at 0x[0-9a-f]+")
+
+
+def _host_events_in_steps(events) -> list:
+    marks = [e for e in events if e.name == STEP]
+    if not marks:
+        raise ValueError(f"no {STEP!r} range in the trace: mark each step with "
+                         f"torch.profiler.record_function({STEP!r})")
+    steps = sorted((e.time_range.start, e.time_range.end) for e in marks)
+    starts = [start for start, _ in steps]
+
+    def in_a_step(t):
+        i = bisect.bisect_right(starts, t) - 1
+        return i >= 0 and t <= steps[i][1]
+
+    inside = [e for e in events
+              if e.device_type == DeviceType.CPU and not e.is_async and e.name != STEP
+              and in_a_step(e.time_range.start)]
+    # The threads that work for the step: the one running it and those that
+    # run its ops (autograd's).  Others, e.g. a data loader's queue feeder
+    # blocked on a lock, only idle alongside it.
+    working = {e.thread for e in marks} | {e.thread for e in inside if e.name.startswith("aten::")}
+    return [e for e in inside if e.thread in working]
+
+
+def _device_summary(events, iters: int) -> dict:
+    busy = msda = 0.0
+    for e in events:
+        if e.device_type != DeviceType.CPU:
+            us = e.time_range.elapsed_us()
+            busy += us
+            if MSDA_KERNEL.search(e.name):
+                msda += us
+    if busy == 0.0:
+        return dict(device_ms_per_iter=None, msda_ms_per_iter=None, msda_share=None)
+    return dict(device_ms_per_iter=busy / iters / 1e3, msda_ms_per_iter=msda / iters / 1e3,
+                msda_share=msda / busy)
+
+
+def summarise(events, iters: int) -> dict:
+    """Per-step figures from the events (``prof.events()``) of ``iters``
+    marked steps.  Device figures are None when no device event was traced
+    (a CPU run)."""
+    host = _host_events_in_steps(events)
+    by_name: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
+    for e in host:
+        row = by_name[_ADDRESS.sub("", e.name)]
+        row[0] += 1
+        row[1] += e.self_cpu_time_total
+    host_us = sum(us for _, us in by_name.values())
+    top = sorted(by_name.items(), key=lambda kv: -kv[1][1])[:TOP_HOST]
+    return dict(
+        _device_summary(events, iters),
+        cpu_ms_per_iter=host_us / iters / 1e3,
+        host_top=[dict(name=name, calls_per_iter=calls / iters,
+                       self_cpu_ms_per_iter=us / iters / 1e3,
+                       share_of_host=us / host_us if host_us else 0.0)
+                  for name, (calls, us) in top],
+        sync_points_per_iter={name: by_name[name][0] / iters if name in by_name else 0.0
+                              for name in SYNC_EVENTS})

@@ -1,0 +1,56 @@
+"""Training steps outside mmengine's train loop, on the Runner's own builders:
+what the parity and profiling tools run instead of ``Runner.train()``, so that
+they control each iteration (reseed, swap the MSDA op, time, profile).
+
+Each call of ``start`` gives a fresh optimizer and a fresh, seeded data
+order from the same config, so two runs from the same weights and seed see
+the same batches in the same order and the same random draws.  Parameter
+schedulers are not stepped: both sides of a comparison keep the config's
+initial learning rate.
+"""
+from __future__ import annotations
+
+import copy
+from typing import Iterator
+
+import torch
+from mmengine.config import Config
+from mmengine.optim import OptimWrapper
+from mmengine.runner import Runner, set_random_seed
+from torch.utils.data import DataLoader
+
+
+def _forever(loader: DataLoader) -> Iterator[dict]:
+    """The loader's batches, epoch after epoch, each epoch's order set by the
+    sampler's seed and epoch number as in mmengine's loops."""
+    epoch = 0
+    while True:
+        for sampler in (loader.sampler, getattr(loader.batch_sampler, "sampler", None)):
+            if hasattr(sampler, "set_epoch"):
+                sampler.set_epoch(epoch)
+                break
+        yield from loader
+        epoch += 1
+
+
+def start(runner: Runner, cfg: Config, seed: int) -> tuple[OptimWrapper, Iterator[dict]]:
+    """Reseed every generator, then build the config's optimizer wrapper for
+    ``runner.model`` and an endless iterator over its train dataloader."""
+    set_random_seed(seed)
+    optim_wrapper = runner.build_optim_wrapper(copy.deepcopy(cfg.optim_wrapper))
+    loader = runner.build_dataloader(copy.deepcopy(cfg.train_dataloader), seed=seed)
+    runner.model.train()
+    return optim_wrapper, _forever(loader)
+
+
+def init_weights(runner: Runner, cfg: Config) -> None:
+    """The weights ``Runner.train()`` would start from: the model's own
+    initialisation, then ``load_from`` if the config names a checkpoint."""
+    runner.model.init_weights()
+    if cfg.get("load_from"):
+        runner.load_checkpoint(cfg.load_from)
+
+
+def losses(log_vars: dict) -> dict[str, float]:
+    """``train_step``'s log variables as floats (one host sync each)."""
+    return {k: float(v.item() if isinstance(v, torch.Tensor) else v) for k, v in log_vars.items()}

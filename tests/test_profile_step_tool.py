@@ -1,0 +1,120 @@
+"""tools/profile_step.py on CPU: two profiled steps of the tiny demo model
+on synthetic images of a requested size, and the trace summary's device
+figures from CUDA-like events (no GPU here)."""
+import json
+import os
+import runpy
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from torch.autograd import DeviceType
+from torch.autograd.profiler_util import Interval
+
+from msda_mm.e2e.profiling import STEP, SYNC_EVENTS, summarise
+
+ROOT = Path(__file__).resolve().parents[1]
+TOOL = ROOT / "tools" / "profile_step.py"
+CONFIG = str(ROOT / "configs/synthetic/dino_tiny_cpu.py")
+KEYS = {"config", "batch_size", "image_size", "precision", "msda_modules", "warmup", "iters",
+        "profile_iters", "ms_per_iter", "ms_per_iter_median", "images_per_s", "peak_memory_mib",
+        "device_ms_per_iter", "msda_ms_per_iter", "msda_share", "cpu_ms_per_iter", "host_top",
+        "sync_points_per_iter", "step_ms", "environment"}
+
+
+def _tool(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    # TRITON_INTERPRET=0: the model's MSDA runs the PyTorch reference on CPU.
+    # PYTHONPATH: this checkout's msda_mm, wherever the installed one is.
+    # One intra-op thread: the model's ops are small, and on a busy 2-core
+    # box multi-threaded ones wait at OpenMP barriers, 10x slower.
+    env = dict(os.environ, TRITON_INTERPRET="0", OMP_NUM_THREADS="1",
+               PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    return subprocess.run([sys.executable, str(TOOL), *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.slow
+def test_two_steps_on_cpu_write_the_report(tmp_path):
+    out = tmp_path / "out"
+    # cwd=tmp_path: the synthetic images are written under tmp_path/data/.
+    run = _tool(CONFIG, "--batch-size", "2", "--iters", "2", "--warmup", "1", "--profile-iters",
+                "1", "--image-size", "64", "96", "--out", str(out), cwd=tmp_path)
+    assert run.returncode == 0, (run.stdout + run.stderr)[-4000:]
+    assert (tmp_path / "data/synthetic_64x96/train").is_dir()
+    report = json.loads((out / "profile.json").read_text())
+    assert set(report) == KEYS
+    assert (report["batch_size"], report["image_size"], report["precision"]) == (2, [64, 96],
+                                                                                  "fp32")
+    assert report["msda_modules"] == {"TritonMSDeformAttn": 6}
+    assert len(report["step_ms"]) == 2 and report["ms_per_iter"] > 0
+    assert report["images_per_s"] == pytest.approx(2e3 / report["ms_per_iter"])
+    # CPU: host time only.
+    assert report["device_ms_per_iter"] is report["msda_share"] is None
+    assert report["peak_memory_mib"] is None and report["cpu_ms_per_iter"] > 0
+    assert 0 < len(report["host_top"]) <= 15
+    assert set(report["sync_points_per_iter"]) == set(SYNC_EVENTS)
+    # DINO reads losses and matching costs back to the host every step.
+    assert report["sync_points_per_iter"]["aten::_local_scalar_dense"] > 0
+    assert "| batch | images | precision | ms/iter |" in (out / "profile.md").read_text()
+
+
+@pytest.fixture
+def profile_tool(monkeypatch):
+    """tools/profile_step.py's globals (its siblings common.py, train.py importable)."""
+    monkeypatch.syspath_prepend(str(TOOL.parent))
+    return runpy.run_path(str(TOOL))
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--image-size", "0", "64"], "'0' is not an integer >= 1"),
+    (["--warmup", "-1"], "--warmup must be >= 0, got -1"),
+    (["--amp", "fp8"], "invalid choice: 'fp8'"),
+])
+def test_bad_command_lines_say_what_is_wrong(profile_tool, capsys, args, message):
+    with pytest.raises(SystemExit):
+        profile_tool["parse_args"]([CONFIG, *args])
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the message is for machines without CUDA")
+def test_amp_without_cuda_stops_before_building(profile_tool, tmp_path):
+    with pytest.raises(SystemExit, match="needs a CUDA GPU"):
+        profile_tool["main"]([CONFIG, "--amp", "bf16", "--out", str(tmp_path)])
+
+
+def _event(name, start, end, device=DeviceType.CPU, self_us=0.0, thread=1):
+    return SimpleNamespace(name=name, time_range=Interval(start, end), device_type=device,
+                           is_async=False, self_cpu_time_total=self_us, thread=thread)
+
+
+def test_summary_of_device_and_host_events():
+    # Two steps; an item() in each, a host event outside them, a thread
+    # that only waits, and kernels (msda_mm's and others) of 10 + 30 us per
+    # step.
+    events = [_event(STEP, 0, 100), _event(STEP, 200, 300),
+              _event("aten::_local_scalar_dense", 10, 20, self_us=10.0),
+              _event("aten::_local_scalar_dense", 210, 220, self_us=10.0),
+              _event("<built-in method item of Tensor object at 0x7f00>", 205, 225, self_us=4.0),
+              _event("<built-in method item of Tensor object at 0x7f11>", 5, 25, self_us=4.0),
+              _event("aten::copy_", 150, 160, self_us=50.0),
+              _event("<built-in method acquire of _thread.lock object at 0x7f22>", 1, 99,
+                     self_us=98.0, thread=2),
+              _event("msda_fwd_kernel", 30, 40, DeviceType.CUDA),
+              _event("msda_bwd_kernel", 230, 240, DeviceType.CUDA),
+              _event("gemm", 50, 80, DeviceType.CUDA), _event("gemm", 250, 280, DeviceType.CUDA)]
+    s = summarise(events, iters=2)
+    assert s["device_ms_per_iter"] == pytest.approx(0.040)
+    assert s["msda_ms_per_iter"] == pytest.approx(0.010)
+    assert s["msda_share"] == pytest.approx(0.25)
+    assert s["cpu_ms_per_iter"] == pytest.approx(0.014)
+    assert [h["name"] for h in s["host_top"]] == [
+        "aten::_local_scalar_dense", "<built-in method item of Tensor object>"]
+    assert s["host_top"][0]["calls_per_iter"] == 1 and s["host_top"][0]["share_of_host"] == \
+        pytest.approx(10 / 14)
+    assert s["sync_points_per_iter"]["aten::_local_scalar_dense"] == 1
+    assert s["sync_points_per_iter"]["cudaStreamSynchronize"] == 0
+    with pytest.raises(ValueError, match="record_function"):
+        summarise(events[2:], iters=2)

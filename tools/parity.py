@@ -1,0 +1,221 @@
+"""Parity of msda_mm's TritonMSDeformAttn with mmcv's MultiScaleDeformableAttention
+inside a whole detector.
+
+    python tools/parity.py eval CONFIG CHECKPOINT [--max-batches N] [--tolerance-ap 0.1]
+        [--tolerance-layer X] [--out DIR] [--cfg-options k=v ...]
+    python tools/parity.py train CONFIG [--iters N] [--seed S] [--out DIR] [--cfg-options k=v ...]
+
+Each run switches every MSDA module of one model between the two ops (same
+weights: see msda_mm/e2e/attention.py for what the mmcv side runs).
+
+eval: tests the checkpoint with each op (both COCO AP tables), compares the
+outputs of every attention layer on the first test batch, and exits 0 if
+every AP metric agrees within --tolerance-ap AP points (and every layer
+within --tolerance-layer, if given), 1 if not.  Writes parity_eval.json.
+
+train: --iters training steps with each op from the same weights, seed
+and data order; compares the total loss per iteration (relative
+difference) and writes parity_train.json and parity_train.png.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import math
+import os.path as osp
+import sys
+
+import torch
+from mmengine.logging import print_log
+
+from common import build_runner, load_config
+from train import check_precision
+
+# isort: split
+# After common, which imports msda_mm (mmcv-lite shims first).
+from msda_mm.e2e import compare, training
+from msda_mm.e2e.attention import OPS, describe, recorded_outputs, use_op
+from msda_mm.e2e.cli import (add_config_args, config_namespace, model_device, positive_int,
+                             write_json)
+from msda_mm.e2e.plot import plot_loss_curves
+
+
+def non_negative_float(text: str) -> float:
+    """argparse type: a finite float >= 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value >= 0):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number >= 0")
+    return value
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    ev = commands.add_parser("eval", help="test one checkpoint with each op and compare")
+    add_config_args(ev, default_out="parity_eval")
+    ev.add_argument("checkpoint", help="checkpoint file (loads into both ops)")
+    ev.add_argument("--max-batches", type=positive_int, metavar="N",
+                    help="test on the first N batches only (AP over their images)")
+    ev.add_argument("--tolerance-ap", type=non_negative_float, default=0.1, metavar="AP",
+                    help="largest accepted |AP difference| in AP points (default 0.1)")
+    ev.add_argument("--tolerance-layer", type=non_negative_float, metavar="X",
+                    help="also fail if an attention layer's outputs differ by more than this "
+                         "(max abs); default: reported only")
+    ev.set_defaults(run=evaluate)
+
+    tr = commands.add_parser("train", help="train a few steps with each op and compare")
+    add_config_args(tr, default_out="parity_train")
+    tr.add_argument("--iters", type=positive_int, default=20, metavar="N",
+                    help="training steps per op (default 20)")
+    tr.add_argument("--seed", type=int, default=0, metavar="S",
+                    help="seed of weights, data order and random draws, the same for both ops "
+                         "(default 0)")
+    tr.set_defaults(run=train)
+    return parser.parse_args(argv)
+
+
+def _load(args: argparse.Namespace):
+    cfg = load_config(config_namespace(args))
+    check_precision(cfg, args.config)
+    return cfg
+
+
+def _score_tested_images_only(runner) -> None:
+    """With --max-batches the test set keeps its first images (``indices``,
+    set in the config); COCO metrics would still score every image of their
+    annotation file, counting the others as missed, unless told which."""
+    dataset = runner.test_dataloader.dataset
+    img_ids = [dataset.get_data_info(i)["img_id"] for i in range(len(dataset))]
+    for metric in runner.test_loop.evaluator.metrics:
+        if not hasattr(metric, "img_ids"):
+            raise SystemExit(f"--max-batches needs COCO metrics, which score a subset of "
+                             f"images; the config evaluates with {type(metric).__name__}")
+        metric.img_ids = img_ids
+
+
+def _first_batch_outputs(runner) -> dict:
+    """Each op's attention-layer outputs on the first test batch."""
+    model = runner.model.eval()
+    batch = next(iter(runner.test_dataloader))
+    outputs = {}
+    for op in OPS:
+        with use_op(model, op), recorded_outputs(model) as outputs[op], torch.no_grad():
+            model.test_step(batch)
+    return outputs
+
+
+def _print_eval(report: dict) -> None:
+    print(f"\nParity eval of {report['config']} ({report['checkpoint']})")
+    for op, impl in report["ops"].items():
+        print(f"  {op}: {impl}")
+    print(f"\n{'metric':<24}{'triton':>10}{'mmcv':>10}{'diff (AP points)':>19}")
+    for row in report["metrics"]:
+        print(f"{row['metric']:<24}{row['triton']:>10.3f}{row['mmcv']:>10.3f}"
+              f"{row['delta_ap']:>19.2f}")
+    print(f"\nAttention outputs on the first test batch:\n"
+          f"{'layer':<48}{'max |diff|':>12}{'max |out|':>12}")
+    for row in report["layers"]:
+        print(f"{row['layer']:<48}{row['max_abs_diff']:>12.3e}{row['max_abs_mmcv']:>12.3e}")
+    print(f"\n{'PASS' if report['passed'] else 'FAIL'}: {report['verdict']}")
+
+
+def _verdict(metrics: list[dict], layers: list[dict],
+             args: argparse.Namespace) -> tuple[bool, str]:
+    failed = [m["metric"] for m in metrics if not compare.within(m["delta_ap"], args.tolerance_ap)]
+    reasons = [f"AP tolerance {args.tolerance_ap} AP points: "
+               + (f"exceeded by {', '.join(failed)}" if failed else
+                  f"all {len(metrics)} metrics within")]
+    if args.tolerance_layer is not None:
+        over = [r["layer"] for r in layers if not r["max_abs_diff"] <= args.tolerance_layer]
+        failed += over
+        reasons.append(f"layer tolerance {args.tolerance_layer:g}: "
+                       + (f"exceeded by {', '.join(over)}" if over else
+                          f"all {len(layers)} layers within"))
+    if not metrics:
+        failed.append("no metric")
+        reasons.append("the evaluator reported no numeric metric to compare")
+    return not failed, "; ".join(reasons)
+
+
+def evaluate(args: argparse.Namespace) -> int:
+    if not osp.isfile(args.checkpoint):
+        raise SystemExit(f"checkpoint not found: {args.checkpoint}")
+    cfg = _load(args)
+    cfg.load_from = args.checkpoint
+    if args.max_batches is not None:
+        cfg.test_dataloader.dataset.indices = args.max_batches * cfg.test_dataloader.batch_size
+    runner = build_runner(cfg)
+    if args.max_batches is not None:
+        _score_tested_images_only(runner)
+    device = model_device(runner.model)
+    results = {}
+    for op in OPS:
+        print_log(f"Testing with {op}: {describe(op, device)}", logger="current")
+        with use_op(runner.model, op):
+            results[op] = runner.test()
+    outputs = _first_batch_outputs(runner)
+    metrics = compare.metric_deltas(results["triton"], results["mmcv"])
+    layers = compare.layer_diffs(outputs["triton"], outputs["mmcv"])
+    passed, verdict = _verdict(metrics, layers, args)
+    report = dict(config=args.config, checkpoint=args.checkpoint, max_batches=args.max_batches,
+                  ops={op: describe(op, device) for op in OPS}, tolerance_ap=args.tolerance_ap,
+                  tolerance_layer=args.tolerance_layer, metrics=metrics, layers=layers,
+                  passed=passed, verdict=verdict)
+    write_json(args.out / "parity_eval.json", report, device)
+    _print_eval(report)
+    return 0 if passed else 1
+
+
+def train(args: argparse.Namespace) -> int:
+    cfg = _load(args)
+    # Only the seed: deterministic=True (torch.use_deterministic_algorithms)
+    # would make both ops' CUDA backward, which add with atomics, raise.
+    cfg.randomness = dict(seed=args.seed)
+    runner = build_runner(cfg)
+    training.init_weights(runner, cfg)
+    model = runner.model
+    device = model_device(model)
+    initial = copy.deepcopy(model.state_dict())
+    steps = {}
+    for op in OPS:
+        model.load_state_dict(initial)
+        optim_wrapper, batches = training.start(runner, cfg, args.seed)
+        steps[op] = []
+        with use_op(model, op):
+            for i in range(args.iters):
+                steps[op].append(training.losses(model.train_step(next(batches), optim_wrapper)))
+                print_log(f"{op} iter {i + 1}/{args.iters}: loss {steps[op][-1]['loss']:.6g}",
+                          logger="current")
+    losses = {op: [s["loss"] for s in steps[op]] for op in OPS}
+    rel_diff = compare.relative_differences(losses["triton"], losses["mmcv"])
+    # A NaN (a diverged side) counts as the worst difference.
+    worst = max(range(args.iters),
+                key=lambda i: math.inf if math.isnan(rel_diff[i]) else rel_diff[i])
+    report = dict(config=args.config, seed=args.seed, iters=args.iters,
+                  ops={op: describe(op, device) for op in OPS}, loss=losses,
+                  rel_diff=rel_diff, max_rel_diff=rel_diff[worst], max_rel_diff_iter=worst + 1,
+                  log_vars={op: {k: [s[k] for s in steps[op]] for k in steps[op][0]}
+                            for op in OPS})
+    write_json(args.out / "parity_train.json", report, device)
+    plot_loss_curves(losses, rel_diff, args.out / "parity_train.png",
+                     f"{osp.basename(args.config)}: triton vs mmcv, seed {args.seed}")
+    print(f"\nParity train of {args.config}, {args.iters} iterations, seed {args.seed}")
+    for op in OPS:
+        print(f"  {op} ({describe(op, device)}): loss {losses[op][0]:.6g} -> {losses[op][-1]:.6g}")
+    print(f"max relative difference of the total loss: {rel_diff[worst]:.3e} "
+          f"(iteration {worst + 1})\nWritten: {args.out / 'parity_train.json'}, "
+          f"{args.out / 'parity_train.png'}")
+    return 0
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    return args.run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
