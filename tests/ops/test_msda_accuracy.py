@@ -41,19 +41,22 @@ def test_mixed_dtypes(device, value_dtype, other_dtype):
 @pytest.mark.parametrize("device", DEVICES)
 def test_locations_stay_fp32_with_bf16_value(device):
     """bf16 locations are off by up to ~0.4 px at W=200: the op must sample
-    at the fp32 location it was given, not at a rounded one."""
-    args, seed = make_inputs(B=1, Q=4, M=1, D=4, shapes=((3, 200),), K=1, dtype=torch.bfloat16,
-                             loc_dtype=torch.float32, attn_dtype=torch.float32, lo=0.3, hi=0.7)
-    args["value"] = torch.arange(600.0).view(1, 600, 1, 1).expand(1, 600, 1, 4).to(torch.bfloat16)
+    at the fp32 location it was given.  Value is the column index (exact in
+    bf16), so each sample is its pixel x coordinate, and the fp32 gradient
+    of its weight (grad_out = 1) is D times that coordinate."""
     from msda_mm import multi_scale_deformable_attention as msda
-    on_dev = {k: (v.to(device) if v is not None else None) for k, v in args.items()}
-    out = msda(**on_dev).float().cpu()
-    loc32 = args["sampling_locations"]
-    out_rounded = msda(**{**on_dev, "sampling_locations": loc32.to(torch.bfloat16).to(device)})
-    # x * 200 - 0.5 indexes a ramp of step 1 along a row: the output is the
-    # fractional pixel position itself (up to the bf16 rounding of values >= 256).
-    assert not torch.equal(out, out_rounded.float().cpu()), f"seed {seed}"
-    assert_close_to_reference(args, device, seed)
+    W, D, Q = 200, 4, 64
+    value = torch.arange(W, dtype=torch.float32).repeat(3)  # 3 rows of 0..199
+    value = value.view(1, 3 * W, 1, 1).expand(1, 3 * W, 1, D).to(torch.bfloat16)
+    loc = (0.3 + 0.4 * torch.rand(1, Q, 1, 1, 1, 2)).requires_grad_()
+    attn = torch.ones(1, Q, 1, 1, 1, requires_grad=True)
+    out = msda(value.to(device), torch.tensor([[3, W]], device=device), None,
+               loc.to(device), attn.to(device))
+    (grad_attn,) = torch.autograd.grad(out.float().sum(), attn)
+    x_pixel = loc[..., 0].detach() * W - 0.5
+    torch.testing.assert_close(grad_attn / D, x_pixel, rtol=0, atol=1e-3)
+    rounded = loc[..., 0].detach().to(torch.bfloat16).float() * W - 0.5
+    assert (rounded - x_pixel).abs().max() > 0.05  # the test can tell them apart
 
 
 @pytest.mark.parametrize("device", DEVICES)
