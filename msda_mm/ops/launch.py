@@ -20,7 +20,9 @@ def interpreter_enabled() -> bool:
 # (BLOCK_Q, num_warps) per kernel; tools/benchmark.py --tiles measures others.
 # One program covers BLOCK_Q queries x the whole (padded) head dim.  16 x 4
 # warps was the best fp32 decoder forward of 10 shapes tried on the H200
-# (16.5 us; 8x1 20.6, 32x4 19.5, 64x8 20.7) and within 1% of the best backward.
+# (16.5 us; 8x1 20.6, 32x4 19.5, 64x8 20.7) and within 1% of the best backward
+# (unrolled-K kernel, warm replays; benchmarks/NOTES.md).  16-bit dtypes were
+# not swept yet: NOTES.md says why 32x4 or 16x2 should suit them better.
 _TILES = {"fwd": (16, 4), "bwd": (16, 4)}
 _tile_override: dict = {}
 
