@@ -1,12 +1,13 @@
 """Honour ``type`` in the deformable-attention configs of mmdet's
-Deformable-DETR and DINO layers.
+Deformable-DETR, DINO and Grounding-DINO layers.
 
 ``DeformableDetrTransformerEncoderLayer._init_layers`` (``self_attn_cfg``)
 and ``DeformableDetrTransformerDecoderLayer._init_layers``
-(``cross_attn_cfg``; DINO's decoder reuses this layer) construct the attention
-as ``MultiScaleDeformableAttention(**cfg)``, so a ``type`` key is a
-``TypeError``.  That module uses the name for nothing but these two
-constructions, so rebinding it to a builder changes exactly them: a cfg with
+(``cross_attn_cfg``; DINO's decoder reuses this layer), and
+``GroundingDinoTransformerDecoderLayer._init_layers`` (``cross_attn_cfg``)
+construct the attention as ``MultiScaleDeformableAttention(**cfg)``, so a
+``type`` key is a ``TypeError``.  Those modules use the name for nothing but
+these constructions, so rebinding it to a builder changes exactly them: a cfg with
 ``type`` is built through mmdet's ``MODELS``, one without still constructs
 mmcv's class with the same arguments.
 
@@ -18,7 +19,7 @@ weights with and without the type swap.
 from __future__ import annotations
 
 from mmcv.ops import MultiScaleDeformableAttention
-from mmdet.models.layers.transformer import deformable_detr_layers
+from mmdet.models.layers.transformer import deformable_detr_layers, grounding_dino_layers
 from mmdet.registry import MODELS
 from torch import nn
 
@@ -32,4 +33,5 @@ def build_deformable_attention(**cfg) -> nn.Module:
 
 
 def honour_attention_type() -> None:
-    deformable_detr_layers.MultiScaleDeformableAttention = build_deformable_attention
+    for layers in (deformable_detr_layers, grounding_dino_layers):
+        layers.MultiScaleDeformableAttention = build_deformable_attention

@@ -33,3 +33,14 @@ def test_layer_attention_builder():
     with DefaultScope.overwrite_default_scope("mmdet"):
         mmcv_type = {**CFG, "type": "MultiScaleDeformableAttention"}
         assert type(build_deformable_attention(**mmcv_type)) is MultiScaleDeformableAttention
+
+
+def test_grounding_dino_decoder_layer_honours_type():
+    from mmdet.models.layers.transformer.grounding_dino_layers import (
+        GroundingDinoTransformerDecoderLayer)
+    attn = dict(embed_dims=256, num_levels=4, batch_first=True)
+    layer = GroundingDinoTransformerDecoderLayer(
+        cross_attn_cfg={**attn, "type": "TritonMSDeformAttn"})
+    assert type(layer.cross_attn) is TritonMSDeformAttn
+    plain = GroundingDinoTransformerDecoderLayer(cross_attn_cfg=attn)
+    assert type(plain.cross_attn) is MultiScaleDeformableAttention
