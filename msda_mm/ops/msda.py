@@ -158,19 +158,18 @@ msda_forward.register_autograd(_backward, setup_context=_setup_context)
 class _EagerMSDA(torch.autograd.Function):
     """The same two launches as the custom ops, for eager mode.
 
-    Why a second entry point: on the H200 (torch 2.11) a custom-op forward +
-    backward cost 824 us of host time per call pair (Python dispatcher,
-    autograd wrapper, dynamo-disable guards), ~10x the two kernels' device
-    time on the decoder preset.  A plain autograd.Function costs ~17 us of
-    it.  torch.compile still sees only the custom ops.
+    Why a second entry point: the custom-op wrappers alone cost 70 us of host
+    time per forward on a dev CPU against 17 us for an autograd.Function,
+    and on the H200 (torch 2.11) host time per decoder forward + backward
+    went from 824 to 774 us with this path.  Most of those 774 us are still
+    unattributed (benchmarks/NOTES.md).  torch.compile sees only the custom ops.
     """
 
     @staticmethod
     def forward(ctx, value, spatial_shapes, level_start_index, sampling_locations,
                 attention_weights, fp32_grad_accum):
-        ctx.save_for_backward(value, spatial_shapes, level_start_index, sampling_locations,
-                              attention_weights)
-        ctx.fp32_grad_accum = fp32_grad_accum
+        _setup_context(ctx, (value, spatial_shapes, level_start_index, sampling_locations,
+                             attention_weights, fp32_grad_accum), None)
         return _forward_impl(value, spatial_shapes, level_start_index, sampling_locations,
                              attention_weights)
 
