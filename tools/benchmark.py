@@ -65,8 +65,9 @@ def parse_args(argv):
                    help="time each timer repeats its call for (5 to 500 repetitions)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--tiles", default="",
-                   help="extra msda_mm rows with other tiles, e.g. '16x4,32x4;32x4,32x8' "
-                        "(forward BLOCK_Q x warps, backward BLOCK_Q x warps; ';' between rows)")
+                   help="extra msda_mm rows with other tiles, e.g. '2x1,1x1;4x4x8,4x4x8' "
+                        "(forward, backward: BLOCK_Q x warps [x BLOCK_P points per chunk]; "
+                        "';' between rows)")
     args = p.parse_args(argv)
     args.impl = args.impl + tuple(f"msda_mm@{t}" for t in args.tiles.split(";") if t)
     if args.device.type == "cuda" and not torch.cuda.is_available():

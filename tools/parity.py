@@ -161,7 +161,8 @@ def evaluate(args: argparse.Namespace) -> int:
     metrics = compare.metric_deltas(results["triton"], results["mmcv"])
     layers = compare.layer_diffs(outputs["triton"], outputs["mmcv"])
     passed, verdict = _verdict(metrics, layers, args)
-    report = dict(config=args.config, checkpoint=args.checkpoint, max_batches=args.max_batches,
+    report = dict(config=args.config, cfg_options=args.cfg_options, checkpoint=args.checkpoint,
+                  max_batches=args.max_batches,
                   ops={op: describe(op, device) for op in OPS}, tolerance_ap=args.tolerance_ap,
                   tolerance_layer=args.tolerance_layer, metrics=metrics, layers=layers,
                   passed=passed, verdict=verdict)
@@ -195,7 +196,8 @@ def train(args: argparse.Namespace) -> int:
     # A NaN (a diverged side) counts as the worst difference.
     worst = max(range(args.iters),
                 key=lambda i: math.inf if math.isnan(rel_diff[i]) else rel_diff[i])
-    report = dict(config=args.config, seed=args.seed, iters=args.iters,
+    report = dict(config=args.config, cfg_options=args.cfg_options, seed=args.seed,
+                  iters=args.iters,
                   ops={op: describe(op, device) for op in OPS}, loss=losses,
                   rel_diff=rel_diff, max_rel_diff=rel_diff[worst], max_rel_diff_iter=worst + 1,
                   log_vars={op: {k: [s[k] for s in steps[op]] for k in steps[op][0]}

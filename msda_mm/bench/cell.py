@@ -9,7 +9,7 @@ import torch
 from .impls import MSDAFn, bind
 from .inputs import MSDAInputs
 from .presets import Preset
-from .timing import eager_times_us, graph_time_us, peak_memory_mb
+from .timing import eager_times_us, graph_times_us, peak_memory_mb
 
 # Output, then the gradients in argument order (value, locations, weights).
 TENSORS = ("out", "grad_value", "grad_loc", "grad_attn")
@@ -29,6 +29,8 @@ METHOD = {
               "each, L2 flushed (256 MB zeroed) before each; inputs require grad (training)",
     "bwd_us": "fwdbwd_us - fwd_us, fwdbwd_us timed like fwd_us on a graph of forward + "
               "torch.autograd.grad with a fixed grad_output",
+    "fwd_warm_us/bwd_warm_us": "as fwd_us/bwd_us, but replays back to back without the L2 "
+                               "flush: each finds what the previous one left in the L2",
     "eager_fwd_us/eager_fwdbwd_us": "median wall time of plain Python calls, L2 flushed and "
                                     "device synchronised before, synchronised after",
     "host_fwd_us/host_fwdbwd_us": "median CPU time until the call returns, on an idle device "
@@ -111,8 +113,9 @@ def measure(record: dict, fn: MSDAFn, inputs: MSDAInputs, reference: Optional[tu
     record["eager_fwdbwd_us"], record["host_fwdbwd_us"] = eager_times_us(
         forward_backward, device, budget_ms)
     if device.type == "cuda":
-        fwd = graph_time_us(forward, device, budget_ms)
-        fwdbwd = graph_time_us(forward_backward, device, budget_ms)
+        fwd, fwd_warm = graph_times_us(forward, device, budget_ms)
+        fwdbwd, fwdbwd_warm = graph_times_us(forward_backward, device, budget_ms)
+        record.update(fwd_warm_us=fwd_warm, bwd_warm_us=fwdbwd_warm - fwd_warm)
     else:
         fwd, fwdbwd = record["eager_fwd_us"], record["eager_fwdbwd_us"]
     record.update(fwd_us=fwd, bwd_us=fwdbwd - fwd, fwdbwd_us=fwdbwd)

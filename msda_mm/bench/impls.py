@@ -36,15 +36,16 @@ def _mmcv_function():
 
 
 def tiled(impl: str) -> tuple[str, dict]:
-    """``'msda_mm@16x4,32x8'`` -> ('msda_mm', tile_override kwargs): msda_mm
-    with forward tile BLOCK_Q=16/4 warps and backward 32/8 warps."""
+    """``'msda_mm@16x4,32x8x8'`` -> ('msda_mm', tile_override kwargs): msda_mm
+    with forward tile BLOCK_Q=16/4 warps and backward BLOCK_Q=32/8 warps/
+    BLOCK_P=8 (points per chunk; default 16)."""
     base, _, spec = impl.partition("@")
     if not spec:
         return base, {}
     try:
         fwd, bwd = (tuple(int(n) for n in part.split("x")) for part in spec.split(","))
     except ValueError:
-        raise ValueError(f"tile spec {spec!r}: expected FWD_BQxWARPS,BWD_BQxWARPS") from None
+        raise ValueError(f"tile spec {spec!r}: expected FWD_BQxWARPS[xBLOCK_P],BWD_BQxWARPS[xBLOCK_P]") from None
     return base, dict(fwd=fwd, bwd=bwd)
 
 

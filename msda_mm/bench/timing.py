@@ -64,25 +64,32 @@ def capture_graph(fn: Callable[[], object]) -> torch.cuda.CUDAGraph:
     return graph
 
 
-def graph_time_us(fn: Callable[[], object], device: torch.device, budget_ms: float) -> float:
-    """Median device time (us) of one call of ``fn``: CUDA events around each
-    replay of a graph of it, L2 flushed before each replay.  A graph has no
-    Python dispatch or launch gaps, so this is the GPU's own time."""
+def graph_times_us(fn: Callable[[], object], device: torch.device,
+                   budget_ms: float) -> tuple[float, float]:
+    """(cold, warm) median device time (us) of one call of ``fn``: CUDA events
+    around each replay of a graph of it; cold flushes the L2 before each
+    replay, warm replays back to back, so the call finds in the L2 whatever
+    its previous replay left there (a decoder's 45-91 MB value partly fits
+    the H200's 60 MB).  A graph has no Python dispatch or launch gaps, so
+    this is the GPU's own time."""
     graph = capture_graph(fn)
 
-    def replays(n: int) -> list[float]:
+    def replays(n: int, flush: bool) -> list[float]:
         pairs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
                  for _ in range(n)]
         for start, end in pairs:
-            flush_l2(device)
+            if flush:
+                flush_l2(device)
             start.record()
             graph.replay()
             end.record()
         torch.cuda.synchronize(device)
         return [start.elapsed_time(end) * 1e3 for start, end in pairs]
 
-    estimate_us = statistics.median(replays(3))
-    return statistics.median(replays(_reps(estimate_us * 1e-6, budget_ms)))
+    estimate_us = statistics.median(replays(3, flush=True))
+    reps = _reps(estimate_us * 1e-6, budget_ms)
+    return (statistics.median(replays(reps, flush=True)),
+            statistics.median(replays(reps, flush=False)))
 
 
 def eager_times_us(fn: Callable[[], object], device: torch.device,

@@ -40,12 +40,20 @@ class TritonMSDeformAttn(MultiScaleDeformableAttention):
 
     Same arguments as ``mmcv.ops.MultiScaleDeformableAttention``: embed_dims,
     num_heads, num_levels, num_points, im2col_step (unused by the kernels),
-    dropout, batch_first, norm_cfg, init_cfg, value_proj_ratio.
+    dropout, batch_first, norm_cfg, init_cfg, value_proj_ratio; and
+    fp32_grad_accum, the op's choice of grad_value accumulation (None: per
+    device; True/False force fp32 scratch or native atomics), so a config
+    can run the pre-Hopper bf16 path on an H100/H200.  A plain attribute:
+    state_dict and checkpoints are unchanged.
 
     Forward does no host synchronisation: mmcv's check that spatial_shapes
     cover the value sequence (a device-to-host read) is left to the op, which
     checks it for CPU shapes only.
     """
+
+    def __init__(self, *args, fp32_grad_accum: Optional[bool] = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fp32_grad_accum = fp32_grad_accum
 
     @deprecated_api_warning({"residual": "identity"}, cls_name="TritonMSDeformAttn")
     def forward(self,
@@ -94,7 +102,8 @@ class TritonMSDeformAttn(MultiScaleDeformableAttention):
         value = self._project_value(value, key_padding_mask)
         locations, weights = self._sampling_points(query, reference_points, spatial_shapes)
         output = multi_scale_deformable_attention(value, spatial_shapes, level_start_index,
-                                                  locations, weights)
+                                                  locations, weights,
+                                                  fp32_grad_accum=self.fp32_grad_accum)
         output = self.output_proj(output)
         if not self.batch_first:
             output = output.transpose(0, 1)

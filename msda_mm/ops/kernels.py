@@ -1,11 +1,18 @@
 """Triton kernels for Multi-Scale Deformable Attention.
 
-One program owns a tile of BLOCK_Q queries of one (batch, head) pair and the
-whole head dimension: every sampled corner is a contiguous row of D values,
-so the gathers (forward) and the scattered atomic adds (backward) are
-row-vectorised along D.  Locations and weights are read in whatever float
-dtype they come in and all arithmetic is in ACC (fp32, or fp64 when an input
-is fp64, which gradcheck needs); only the stores round.
+One program owns BLOCK_Q queries of one (batch, head) pair, all their
+sampling points (in chunks of BLOCK_P) and the whole head dimension: a
+[BLOCK_Q, BLOCK_P, BLOCK_D] tile.  Every sampled corner is a contiguous row
+of D values, so the gathers (forward) and the scattered atomic adds
+(backward) are row-vectorised along D, and the BLOCK_Q * BLOCK_P samples of
+a chunk are independent, so all their loads are in flight at once.  (The
+first version looped over the L * K points one at a time, each a
+location load followed by a dependent corner gather: on the H200 the
+decoder forward was latency-bound at 22 us; benchmarks/NOTES.md.)
+
+Locations and weights are read in whatever float dtype they come in and all
+arithmetic is in ACC (fp32, or fp64 when an input is fp64, which gradcheck
+needs); only the stores round.
 
 Offsets into value/grad_value/output are int64 so tensors past 2**31
 elements work.  Level shapes and start offsets are read on the device: no
@@ -20,8 +27,8 @@ import triton.language as tl
 
 @triton.jit
 def _bilinear_corners(x, y, H, W, start, S, active):
-    """Corner indices, masks and bilinear fractions of a [BLOCK_Q] vector of
-    normalised (x, y) locations in one level of H x W starting at ``start``.
+    """Corner indices, masks and bilinear fractions of a [BLOCK_Q, BLOCK_P]
+    tile of normalised (x, y) locations; H, W, start are each point's level.
 
     NaN fails every comparison and +-inf fails one, so a non-finite location
     has no live corner and contributes (and receives) exactly zero.
@@ -54,7 +61,14 @@ def _bilinear_corners(x, y, H, W, start, S, active):
 
 @triton.jit
 def _row_ptrs(base, idx, stride_s, offs_d, stride_d):
+    """[BLOCK_Q, BLOCK_D] pointers to rows idx (a [BLOCK_Q] vector)."""
     return base + idx.to(tl.int64)[:, None] * stride_s + (offs_d * stride_d)[None, :]
+
+
+@triton.jit
+def _corner_ptrs(base, idx, stride_s, offs_d, stride_d):
+    """[BLOCK_Q, BLOCK_P, BLOCK_D] pointers to rows idx (a [BLOCK_Q, BLOCK_P] tile)."""
+    return base + idx.to(tl.int64)[:, :, None] * stride_s + (offs_d * stride_d)[None, None, :]
 
 
 @triton.jit
@@ -63,14 +77,18 @@ def _head_base(ptr, b, m, stride_b, stride_m):
 
 
 @triton.jit
-def _point_ptrs(ptr, b, q, m, stride_b, stride_q, stride_m):
-    return _head_base(ptr, b, m, stride_b, stride_m) + q.to(tl.int64) * stride_q
+def _point_ptrs(ptr, b, q, m, l, k, stride_b, stride_q, stride_m, stride_l, stride_k):
+    """[BLOCK_Q, BLOCK_P] pointers to element (b, q, m, l, k) of a
+    (B, Q, M, L, K, ...) tensor."""
+    return (_head_base(ptr, b, m, stride_b, stride_m) + q.to(tl.int64)[:, None] * stride_q
+            + (l * stride_l + k * stride_k)[None, :])
 
 
 @triton.jit
 def _program_tile(Q, M, D, BLOCK_Q: tl.constexpr, BLOCK_D: tl.constexpr):
     """This program's batch b, head m, [BLOCK_Q] queries and [BLOCK_D] head
-    channels, with their bounds masks.  Query blocks vary fastest."""
+    channels, with their bounds masks.  Query blocks vary fastest, so that
+    neighbouring programs sample neighbouring rows of the same head."""
     pid = tl.program_id(0)
     num_qb = tl.cdiv(Q, BLOCK_Q)
     bm = pid // num_qb
@@ -80,36 +98,54 @@ def _program_tile(Q, M, D, BLOCK_Q: tl.constexpr, BLOCK_D: tl.constexpr):
 
 
 @triton.jit
-def _level(shapes_ptr, starts_ptr, l):
-    return tl.load(shapes_ptr + 2 * l), tl.load(shapes_ptr + 2 * l + 1), tl.load(starts_ptr + l)
-
-
-@triton.jit
-def _sample_point(loc_base, attn_base, l, k, stride_ll, stride_lk, stride_lc, stride_al,
-                  stride_ak, H, W, start, S, qmask, ACC: tl.constexpr):
-    """Weight, corner indices/masks and bilinear fractions of point (l, k)
-    for a [BLOCK_Q] vector of queries."""
-    lp = loc_base + l * stride_ll + k * stride_lk
-    x = tl.load(lp, mask=qmask, other=0.0).to(ACC)
-    y = tl.load(lp + stride_lc, mask=qmask, other=0.0).to(ACC)
-    w = tl.load(attn_base + l * stride_al + k * stride_ak, mask=qmask, other=0.0).to(ACC)
-    i00, m00, m01, m10, m11, lx, ly = _bilinear_corners(x, y, H, W, start, S, qmask)
-    return w, i00, m00, m01, m10, m11, lx, ly
+def _point_chunk(p0, shapes_ptr, starts_ptr, L: tl.constexpr, K: tl.constexpr,
+                 BLOCK_P: tl.constexpr):
+    """Points p0 .. p0 + BLOCK_P of the flattened (L, K) axis: their level l,
+    point k, bounds mask and level geometry H, W, start ([BLOCK_P] each)."""
+    p = p0 + tl.arange(0, BLOCK_P)
+    pmask = p < L * K
+    l = tl.where(pmask, p // K, 0)
+    k = p % K
+    H = tl.load(shapes_ptr + 2 * l)
+    W = tl.load(shapes_ptr + 2 * l + 1)
+    start = tl.load(starts_ptr + l)
+    return l, k, pmask, H[None, :], W[None, :], start[None, :]
 
 
 @triton.jit
 def _load_corners(v_base, i00, W, m00, m01, m10, m11, stride_vs, offs_d, stride_vd, dmask,
                   ACC: tl.constexpr):
-    """The four [BLOCK_Q, BLOCK_D] corner rows around each sample (zeros
-    where a corner is outside its level)."""
-    p00 = _row_ptrs(v_base, i00, stride_vs, offs_d, stride_vd)
-    p10 = p00 + W.to(tl.int64) * stride_vs
-    dm = dmask[None, :]
-    v00 = tl.load(p00, mask=m00[:, None] & dm, other=0.0).to(ACC)
-    v01 = tl.load(p00 + stride_vs, mask=m01[:, None] & dm, other=0.0).to(ACC)
-    v10 = tl.load(p10, mask=m10[:, None] & dm, other=0.0).to(ACC)
-    v11 = tl.load(p10 + stride_vs, mask=m11[:, None] & dm, other=0.0).to(ACC)
+    """The four [BLOCK_Q, BLOCK_P, BLOCK_D] corner rows around each sample
+    (zeros where a corner is outside its level)."""
+    p00 = _corner_ptrs(v_base, i00, stride_vs, offs_d, stride_vd)
+    p10 = p00 + W.to(tl.int64)[:, :, None] * stride_vs
+    dm = dmask[None, None, :]
+    v00 = tl.load(p00, mask=m00[:, :, None] & dm, other=0.0).to(ACC)
+    v01 = tl.load(p00 + stride_vs, mask=m01[:, :, None] & dm, other=0.0).to(ACC)
+    v10 = tl.load(p10, mask=m10[:, :, None] & dm, other=0.0).to(ACC)
+    v11 = tl.load(p10 + stride_vs, mask=m11[:, :, None] & dm, other=0.0).to(ACC)
     return v00, v01, v10, v11
+
+
+@triton.jit
+def _sample_chunk(p0, b, m, q, qmask, shapes_ptr, starts_ptr, loc_ptr, attn_ptr, S,
+                  stride_lb, stride_lq, stride_lm, stride_ll, stride_lk, stride_lc,
+                  stride_ab, stride_aq, stride_am, stride_al, stride_ak,
+                  L: tl.constexpr, K: tl.constexpr, BLOCK_P: tl.constexpr, ACC: tl.constexpr):
+    """Everything about one chunk of points of this program's queries, as
+    [BLOCK_Q, BLOCK_P] tiles: weight w, bilinear fractions lx, ly, corner
+    00 index, the four corner masks, the level width W and height H, the
+    live-sample mask and the (l, k) offsets for the per-point outputs."""
+    l, k, pmask, H, W, start = _point_chunk(p0, shapes_ptr, starts_ptr, L, K, BLOCK_P)
+    live = qmask[:, None] & pmask[None, :]
+    lp = _point_ptrs(loc_ptr, b, q, m, l, k, stride_lb, stride_lq, stride_lm, stride_ll,
+                     stride_lk)
+    x = tl.load(lp, mask=live, other=0.0).to(ACC)
+    y = tl.load(lp + stride_lc, mask=live, other=0.0).to(ACC)
+    w = tl.load(_point_ptrs(attn_ptr, b, q, m, l, k, stride_ab, stride_aq, stride_am,
+                            stride_al, stride_ak), mask=live, other=0.0).to(ACC)
+    i00, m00, m01, m10, m11, lx, ly = _bilinear_corners(x, y, H, W, start, S, live)
+    return w, lx, ly, i00, m00, m01, m10, m11, W, H, live, l, k
 
 
 @triton.jit
@@ -120,34 +156,30 @@ def msda_fwd_kernel(
     stride_lb, stride_lq, stride_lm, stride_ll, stride_lk, stride_lc,
     stride_ab, stride_aq, stride_am, stride_al, stride_ak,
     stride_ob, stride_oq, stride_om, stride_od,
-    L: tl.constexpr, K: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_D: tl.constexpr,
-    ACC: tl.constexpr,
+    L: tl.constexpr, K: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_P: tl.constexpr,
+    BLOCK_D: tl.constexpr, ACC: tl.constexpr,
 ):
     """out[b, q, m, :] = sum_{l,k} attn[b,q,m,l,k] * bilinear(value[b, level l, m, :], loc[b,q,m,l,k]).
 
     value (B, S, M, D); loc (B, Q, M, L, K, 2); attn (B, Q, M, L, K);
     out (B, Q, M, D); shapes (L, 2) int (H, W); starts (L,) int.
-    Grid: (cdiv(Q, BLOCK_Q) * B * M,), query blocks fastest so that
-    neighbouring programs sample neighbouring rows of the same head.
+    Grid: (cdiv(Q, BLOCK_Q) * B * M,).
     """
     b, m, q, qmask, offs_d, dmask = _program_tile(Q, M, D, BLOCK_Q, BLOCK_D)
-
     v_base = _head_base(value_ptr, b, m, stride_vb, stride_vm)
-    loc_base = _point_ptrs(loc_ptr, b, q, m, stride_lb, stride_lq, stride_lm)
-    attn_base = _point_ptrs(attn_ptr, b, q, m, stride_ab, stride_aq, stride_am)
     acc = tl.zeros([BLOCK_Q, BLOCK_D], dtype=ACC)
-    for l in tl.static_range(L):
-        H, W, start = _level(shapes_ptr, starts_ptr, l)
-        for k in range(K):
-            w, i00, m00, m01, m10, m11, lx, ly = _sample_point(
-                loc_base, attn_base, l, k, stride_ll, stride_lk, stride_lc, stride_al, stride_ak,
-                H, W, start, S, qmask, ACC)
-            v00, v01, v10, v11 = _load_corners(v_base, i00, W, m00, m01, m10, m11, stride_vs,
-                                               offs_d, stride_vd, dmask, ACC)
-            hx = 1.0 - lx
-            hy = 1.0 - ly
-            acc += (w * hy * hx)[:, None] * v00 + (w * hy * lx)[:, None] * v01 \
-                + (w * ly * hx)[:, None] * v10 + (w * ly * lx)[:, None] * v11
+    for p0 in range(0, L * K, BLOCK_P):
+        w, lx, ly, i00, m00, m01, m10, m11, W, H, live, l, k = _sample_chunk(
+            p0, b, m, q, qmask, shapes_ptr, starts_ptr, loc_ptr, attn_ptr, S,
+            stride_lb, stride_lq, stride_lm, stride_ll, stride_lk, stride_lc,
+            stride_ab, stride_aq, stride_am, stride_al, stride_ak, L, K, BLOCK_P, ACC)
+        v00, v01, v10, v11 = _load_corners(v_base, i00, W, m00, m01, m10, m11, stride_vs,
+                                           offs_d, stride_vd, dmask, ACC)
+        hx = 1.0 - lx
+        hy = 1.0 - ly
+        acc += tl.sum((w * hy * hx)[:, :, None] * v00 + (w * hy * lx)[:, :, None] * v01
+                      + (w * ly * hx)[:, :, None] * v10 + (w * ly * lx)[:, :, None] * v11,
+                      axis=1)
 
     o_ptrs = _row_ptrs(_head_base(out_ptr, b, m, stride_ob, stride_om), q, stride_oq,
                        offs_d, stride_od)
@@ -166,8 +198,8 @@ def msda_bwd_kernel(
     stride_gvb, stride_gvs, stride_gvm,
     stride_glb, stride_glq, stride_glm, stride_gll, stride_glk, stride_glc,
     stride_gab, stride_gaq, stride_gam, stride_gal, stride_gak,
-    L: tl.constexpr, K: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_D: tl.constexpr,
-    ACC: tl.constexpr,
+    L: tl.constexpr, K: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_P: tl.constexpr,
+    BLOCK_D: tl.constexpr, ACC: tl.constexpr,
 ):
     """All three gradients of msda_fwd_kernel, same tiling and grid.
 
@@ -177,51 +209,47 @@ def msda_bwd_kernel(
     grad_attn (B, Q, M, L, K) are written once per element.
     """
     b, m, q, qmask, offs_d, dmask = _program_tile(Q, M, D, BLOCK_Q, BLOCK_D)
-    dm = dmask[None, :]
-
+    dm = dmask[None, None, :]
     go_ptrs = _row_ptrs(_head_base(grad_out_ptr, b, m, stride_gob, stride_gom), q,
                         stride_goq, offs_d, stride_god)
-    go = tl.load(go_ptrs, mask=qmask[:, None] & dm, other=0.0).to(ACC)
+    go = tl.load(go_ptrs, mask=qmask[:, None] & dmask[None, :], other=0.0).to(ACC)[:, None, :]
 
     v_base = _head_base(value_ptr, b, m, stride_vb, stride_vm)
     gv_base = _head_base(grad_value_ptr, b, m, stride_gvb, stride_gvm)
     gv_ty = grad_value_ptr.dtype.element_ty
-    loc_base = _point_ptrs(loc_ptr, b, q, m, stride_lb, stride_lq, stride_lm)
-    attn_base = _point_ptrs(attn_ptr, b, q, m, stride_ab, stride_aq, stride_am)
-    gl_base = _point_ptrs(grad_loc_ptr, b, q, m, stride_glb, stride_glq, stride_glm)
-    ga_base = _point_ptrs(grad_attn_ptr, b, q, m, stride_gab, stride_gaq, stride_gam)
-    for l in tl.static_range(L):
-        H, W, start = _level(shapes_ptr, starts_ptr, l)
-        for k in range(K):
-            w, i00, m00, m01, m10, m11, lx, ly = _sample_point(
-                loc_base, attn_base, l, k, stride_ll, stride_lk, stride_lc, stride_al, stride_ak,
-                H, W, start, S, qmask, ACC)
-            v00, v01, v10, v11 = _load_corners(v_base, i00, W, m00, m01, m10, m11, stride_vs,
-                                               offs_d, stride_vd, dmask, ACC)
-            # s_c = <grad_out, corner row c>: everything the location and
-            # weight gradients need from the value.
-            s00 = tl.sum(go * v00, axis=1)
-            s01 = tl.sum(go * v01, axis=1)
-            s10 = tl.sum(go * v10, axis=1)
-            s11 = tl.sum(go * v11, axis=1)
-            hx = 1.0 - lx
-            hy = 1.0 - ly
-            g_attn = hy * (hx * s00 + lx * s01) + ly * (hx * s10 + lx * s11)
-            g_x = w * W * (hy * (s01 - s00) + ly * (s11 - s10))
-            g_y = w * H * (hx * (s10 - s00) + lx * (s11 - s01))
-            glp = gl_base + l * stride_gll + k * stride_glk
-            tl.store(glp, g_x.to(grad_loc_ptr.dtype.element_ty), mask=qmask)
-            tl.store(glp + stride_glc, g_y.to(grad_loc_ptr.dtype.element_ty), mask=qmask)
-            tl.store(ga_base + l * stride_gal + k * stride_gak,
-                     g_attn.to(grad_attn_ptr.dtype.element_ty), mask=qmask)
+    for p0 in range(0, L * K, BLOCK_P):
+        w, lx, ly, i00, m00, m01, m10, m11, W, H, live, l, k = _sample_chunk(
+            p0, b, m, q, qmask, shapes_ptr, starts_ptr, loc_ptr, attn_ptr, S,
+            stride_lb, stride_lq, stride_lm, stride_ll, stride_lk, stride_lc,
+            stride_ab, stride_aq, stride_am, stride_al, stride_ak, L, K, BLOCK_P, ACC)
+        v00, v01, v10, v11 = _load_corners(v_base, i00, W, m00, m01, m10, m11, stride_vs,
+                                           offs_d, stride_vd, dmask, ACC)
+        # s_c = <grad_out, corner row c>: everything the location and
+        # weight gradients need from the value.
+        s00 = tl.sum(go * v00, axis=2)
+        s01 = tl.sum(go * v01, axis=2)
+        s10 = tl.sum(go * v10, axis=2)
+        s11 = tl.sum(go * v11, axis=2)
+        hx = 1.0 - lx
+        hy = 1.0 - ly
+        g_attn = hy * (hx * s00 + lx * s01) + ly * (hx * s10 + lx * s11)
+        g_x = w * W * (hy * (s01 - s00) + ly * (s11 - s10))
+        g_y = w * H * (hx * (s10 - s00) + lx * (s11 - s01))
+        glp = _point_ptrs(grad_loc_ptr, b, q, m, l, k, stride_glb, stride_glq, stride_glm,
+                          stride_gll, stride_glk)
+        tl.store(glp, g_x.to(grad_loc_ptr.dtype.element_ty), mask=live)
+        tl.store(glp + stride_glc, g_y.to(grad_loc_ptr.dtype.element_ty), mask=live)
+        tl.store(_point_ptrs(grad_attn_ptr, b, q, m, l, k, stride_gab, stride_gaq, stride_gam,
+                             stride_gal, stride_gak),
+                 g_attn.to(grad_attn_ptr.dtype.element_ty), mask=live)
 
-            g00 = _row_ptrs(gv_base, i00, stride_gvs, offs_d, 1)
-            g10 = g00 + W.to(tl.int64) * stride_gvs
-            tl.atomic_add(g00, ((w * hy * hx)[:, None] * go).to(gv_ty),
-                          mask=m00[:, None] & dm, sem="relaxed")
-            tl.atomic_add(g00 + stride_gvs, ((w * hy * lx)[:, None] * go).to(gv_ty),
-                          mask=m01[:, None] & dm, sem="relaxed")
-            tl.atomic_add(g10, ((w * ly * hx)[:, None] * go).to(gv_ty),
-                          mask=m10[:, None] & dm, sem="relaxed")
-            tl.atomic_add(g10 + stride_gvs, ((w * ly * lx)[:, None] * go).to(gv_ty),
-                          mask=m11[:, None] & dm, sem="relaxed")
+        g00 = _corner_ptrs(gv_base, i00, stride_gvs, offs_d, 1)
+        g10 = g00 + W.to(tl.int64)[:, :, None] * stride_gvs
+        tl.atomic_add(g00, ((w * hy * hx)[:, :, None] * go).to(gv_ty),
+                      mask=m00[:, :, None] & dm, sem="relaxed")
+        tl.atomic_add(g00 + stride_gvs, ((w * hy * lx)[:, :, None] * go).to(gv_ty),
+                      mask=m01[:, :, None] & dm, sem="relaxed")
+        tl.atomic_add(g10, ((w * ly * hx)[:, :, None] * go).to(gv_ty),
+                      mask=m10[:, :, None] & dm, sem="relaxed")
+        tl.atomic_add(g10 + stride_gvs, ((w * ly * lx)[:, :, None] * go).to(gv_ty),
+                      mask=m11[:, :, None] & dm, sem="relaxed")

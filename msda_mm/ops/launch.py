@@ -17,20 +17,29 @@ def interpreter_enabled() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
-# (BLOCK_Q, num_warps) per kernel; tools/benchmark.py --tiles measures others.
-# One program covers BLOCK_Q queries x the whole (padded) head dim.  16 x 4
-# warps was the best fp32 decoder forward of 10 shapes tried on the H200
-# (16.5 us; 8x1 20.6, 32x4 19.5, 64x8 20.7) and within 1% of the best backward
-# (unrolled-K kernel, warm replays; benchmarks/NOTES.md).  16-bit dtypes were
-# not swept yet: NOTES.md says why 32x4 or 16x2 should suit them better.
-_TILES = {"fwd": (16, 4), "bwd": (16, 4)}
+# (BLOCK_Q, num_warps, BLOCK_P) per kernel and value element size, tuned at
+# D = 32 (mmdet's 256 / 8 heads) and L * K = 16; a larger D shrinks BLOCK_Q
+# to keep the registers per program (see _tile).  Chosen from 13 tiles on
+# the H200 (benchmarks/NOTES.md, cold-L2 graph replays, us, decoder /
+# dino_decoder / encoder presets):
+# - one warp per program wins everywhere: with 2-8 warps Triton spreads the
+#   points axis over warps, so the forward's sum over points goes through
+#   shared memory (bf16 forward, 4 queries x 4 warps: 27.6 / 61.2 / 570).
+# - forward 2 queries x 16 points: bf16 16.9 / 30.8 / 209, fp32 19.6 / 35.5
+#   / 250 (1 query: 17.0 / 31.0 / 265; 4 queries x 8 points: 19.7 / 32.8 /
+#   199 in bf16, the only tile better on one preset).
+# - backward 1 query: bf16 46.3 / 82.2 / 563 with 16 points (2 queries: 52.5
+#   / 93.8 / 607); fp32 69.9 / 128 / 855 with 8 points per chunk (16: 73.2 /
+#   132 / 872).
+_TILES = {("fwd", 4): (2, 1, 16), ("fwd", 2): (2, 1, 16),
+          ("bwd", 4): (1, 1, 8), ("bwd", 2): (1, 1, 16)}
 _tile_override: dict = {}
 
 
 @contextlib.contextmanager
 def tile_override(fwd: tuple[int, int] | None = None, bwd: tuple[int, int] | None = None):
-    """Launch with other (BLOCK_Q, num_warps) tiles inside this block: a
-    tuning hook for the benchmark, not an API for models."""
+    """Launch with other (BLOCK_Q, num_warps[, BLOCK_P]) tiles inside this
+    block: a tuning hook for the benchmark, not an API for models."""
     saved = dict(_tile_override)
     _tile_override.update({k: v for k, v in (("fwd", fwd), ("bwd", bwd)) if v is not None})
     try:
@@ -40,9 +49,13 @@ def tile_override(fwd: tuple[int, int] | None = None, bwd: tuple[int, int] | Non
         _tile_override.update(saved)
 
 
-def _tile(kernel: str, D: int) -> dict:
-    block_q, num_warps = _tile_override.get(kernel, _TILES[kernel])
-    return dict(BLOCK_Q=block_q, BLOCK_D=triton.next_power_of_2(D), num_warps=num_warps)
+def _tile(kernel: str, value: torch.Tensor, points: int) -> dict:
+    block_q, num_warps, *block_p = _tile_override.get(
+        kernel, _TILES[kernel, min(value.element_size(), 4)])
+    block_p = min(triton.next_power_of_2(points), *block_p or [16])
+    block_d = triton.next_power_of_2(value.shape[-1])
+    return dict(BLOCK_Q=max(1, block_q * 32 // block_d), BLOCK_P=block_p, BLOCK_D=block_d,
+                num_warps=num_warps)
 
 
 def _acc_dtype(*tensors: torch.Tensor):
@@ -52,8 +65,11 @@ def _acc_dtype(*tensors: torch.Tensor):
 
 def _device_guard(t: torch.Tensor):
     # Launch on the tensors' device, not the current one (cuda:1 inputs
-    # while cuda:0 is current must work).
-    return torch.cuda.device(t.device) if t.is_cuda else contextlib.nullcontext()
+    # while cuda:0 is current must work).  Entering torch.cuda.device costs
+    # host time, so only when it changes anything.
+    if t.is_cuda and t.device.index != torch.cuda.current_device():
+        return torch.cuda.device(t.device)
+    return contextlib.nullcontext()
 
 
 def _grid(B: int, Q: int, M: int, block_q: int):
@@ -70,7 +86,7 @@ def msda_forward(value, spatial_shapes, level_start_index, sampling_locations,
     B, S, M, D = value.shape
     _, Q, _, L, K, _ = sampling_locations.shape
     out = value.new_empty(B, Q, M, D)
-    tile = _tile("fwd", D)
+    tile = _tile("fwd", value, L * K)
     with _device_guard(value):
         msda_fwd_kernel[_grid(B, Q, M, tile["BLOCK_Q"])](
             value, spatial_shapes, level_start_index, sampling_locations, attention_weights, out,
@@ -97,7 +113,7 @@ def msda_backward(grad_output, value, spatial_shapes, level_start_index, samplin
     accum_dtype = torch.float32 if fp32_grad_accum else value.dtype
     grad_value = torch.zeros(value.shape, dtype=accum_dtype, device=value.device)
     go = grad_output.unflatten(-1, (M, D))  # a view for any strides
-    tile = _tile("bwd", D)
+    tile = _tile("bwd", value, L * K)
     with _device_guard(value):
         msda_bwd_kernel[_grid(B, Q, M, tile["BLOCK_Q"])](
             go, value, spatial_shapes, level_start_index, sampling_locations, attention_weights,

@@ -1,0 +1,158 @@
+#!/usr/bin/env bash
+# The end-to-end GPU results of issue #5, one part per device call (each call
+# is killed at 600 s, so every step runs under a deadline and the results are
+# packed before it).
+#
+#   bash benchmarks/run_e2e.sh {train|profile} OUT
+#
+# train:   DINO R50 on synthetic data in bf16 (then tools/parity.py eval of its
+#          checkpoint) and its fp32 twin, the same schedule.
+# profile: tools/profile_step.py of the COCO configs at 800 x 1333, batch 2 and
+#          8, fp32 and bf16; tools/parity.py train in bf16, native grad_value
+#          atomics and forced fp32 accumulation (the pre-Hopper path).
+# Two lanes of steps, one per GPU (CUDA_VISIBLE_DEVICES, else nvidia-smi);
+# with one GPU they run one after the other.  Writes OUT/PART.log (each step's
+# exit code, seconds and command, then the headline numbers) and
+# OUT/PART.tar.gz (work_dirs/e2e/PART without checkpoints).
+#
+# Environment: E2E_EPOCHS (train, default 4) epochs of 125 iterations for
+# both precisions; E2E_BUDGET_S (default 530) seconds until the deadline;
+# E2E_SMOKE=1 swaps in the tiny CPU config and a few steps, to test this
+# script without a GPU.
+set -uo pipefail  # no -e: a failed step is recorded and the others still run
+
+PART=${1:-}
+OUT=${2:-}
+[[ $PART =~ ^(train|profile)$ && -n $OUT ]] || { echo "usage: $0 {train|profile} OUT" >&2; exit 2; }
+mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd) && cd "$(dirname "$0")/.." || exit 2
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+END=$((EPOCHSECONDS + ${E2E_BUDGET_S:-530}))
+RES=work_dirs/e2e/$PART
+SUMMARY=$OUT/$PART.log
+rm -rf "$RES" && mkdir -p "$RES/logs" && : > "$SUMMARY"
+
+EPOCHS=${E2E_EPOCHS:-4}
+if [[ ${E2E_SMOKE:-0} == 1 ]]; then
+    TINY=configs/synthetic/dino_tiny_cpu.py
+    SYN_BF16=$TINY SYN_FP32=$TINY COCO_BF16=$TINY COCO_FP32=$TINY
+    SIZE=(64 96) BATCHES=(1 2) PARITY_ITERS=3 EPOCHS=${E2E_EPOCHS:-2}
+    TRAIN_OPTS=(train_dataloader.dataset.indices=8)   # 2 iterations an epoch
+    EVAL_OPTS=(--max-batches 4) PROFILE_OPTS=(--iters 2 --warmup 1 --profile-iters 1)
+    export TRITON_INTERPRET=0 OMP_NUM_THREADS=1        # CPU: the PyTorch reference, as the tests
+else
+    SYN_BF16=configs/synthetic/dino_r50_synthetic_bf16.py
+    SYN_FP32=configs/synthetic/dino_r50_synthetic_fp32.py
+    COCO_BF16=configs/dino_bf16.py COCO_FP32=configs/dino_fp32.py
+    SIZE=(800 1333) BATCHES=(2 8) PARITY_ITERS=50
+    TRAIN_OPTS=() EVAL_OPTS=() PROFILE_OPTS=()
+fi
+# The synthetic configs' 6-epoch schedule rescaled to EPOCHS (6 gives it back):
+# validation halfway and at the end, LR drop before the last epoch; a
+# checkpoint every epoch so that a run cut by the deadline still has one;
+# the loss logged every 10 iterations, for curves to compare the precisions.
+TRAIN_OPTS+=(train_cfg.max_epochs="$EPOCHS" train_cfg.val_interval=$(((EPOCHS + 1) / 2))
+             param_scheduler.0.end="$EPOCHS" "param_scheduler.0.milestones=[$((EPOCHS - 1))]"
+             default_hooks.checkpoint.interval=1 default_hooks.logger.interval=10)
+# The pre-Hopper bf16 path: every MSDA module of DINO accumulates grad_value in fp32.
+FP32_ACCUM=(model.encoder.layer_cfg.self_attn_cfg.fp32_grad_accum=True
+            model.decoder.layer_cfg.cross_attn_cfg.fp32_grad_accum=True)
+
+if [[ -n ${CUDA_VISIBLE_DEVICES:-} ]]; then
+    IFS=, read -ra GPUS <<< "$CUDA_VISIBLE_DEVICES"
+else
+    mapfile -t GPUS < <(nvidia-smi --query-gpu=index --format=csv,noheader 2>/dev/null)
+fi
+{ echo "# $PART, $(date -u +%FT%TZ), GPUs: ${GPUS[*]:-none}, smoke: ${E2E_SMOKE:-0}, epochs: $EPOCHS"
+  nvidia-smi -L 2>/dev/null; } >> "$SUMMARY"
+
+# step NAME RESERVE_S CMD...: run CMD, logging to logs/NAME.log, killed at
+# the deadline less RESERVE_S (the time the steps after it in its lane need).
+step() {
+    local name=$1 limit=$((END - EPOCHSECONDS - $2)) start=$EPOCHSECONDS rc
+    shift 2
+    if ((limit < 20)); then
+        printf '%-22s skipped (%ss left)  %s\n' "$name" "$limit" "$*" >> "$SUMMARY"
+        return 1
+    fi
+    timeout -k 15 "$limit" "$@" > "$RES/logs/$name.log" 2>&1
+    rc=$?
+    printf '%-22s rc=%-3s %4ss  %s\n' "$name" "$rc" $((EPOCHSECONDS - start)) "$*" >> "$SUMMARY"
+    return "$rc"
+}
+
+# Writes the synthetic data (of configs, or the HxW train sets of
+# profile_step.py) once up front, so that the lanes neither race for it nor
+# time its drawing.
+PREPARE_DATA='
+import sys
+sys.path.insert(0, "tools")
+from mmengine.config import Config
+from msda_mm.datasets.synthetic import ensure_generated
+from profile_step import synthetic_dataset
+for arg in sys.argv[1:]:
+    ds = (Config.fromfile(arg).train_dataloader.dataset if arg.endswith(".py")
+          else synthetic_dataset(*map(int, arg.split("x"))))
+    ensure_generated(ds["data_root"], **ds["synthetic_cfg"])
+'
+
+# lanes A B: run the functions A and B on a GPU each, or one after the other.
+lanes() {
+    if ((${#GPUS[@]} >= 2)); then
+        CUDA_VISIBLE_DEVICES=${GPUS[0]} "$1" & CUDA_VISIBLE_DEVICES=${GPUS[1]} "$2" & wait
+    else
+        CUDA_VISIBLE_DEVICES=${GPUS[0]:-} "$1"; CUDA_VISIBLE_DEVICES=${GPUS[0]:-} "$2"
+    fi
+}
+
+train_bf16() {
+    # 150 s kept for the parity eval: two passes over the 100 val images.
+    step train_bf16 150 python3 tools/train.py "$SYN_BF16" --work-dir "$RES/syn_bf16" \
+        --cfg-options "${TRAIN_OPTS[@]}"
+    local ckpt
+    ckpt=$(cat "$RES/syn_bf16/last_checkpoint" 2>/dev/null) || { echo "parity_eval: no checkpoint" >> "$SUMMARY"; return; }
+    step parity_eval 0 python3 tools/parity.py eval "$SYN_BF16" "$ckpt" --out "$RES/parity_eval" "${EVAL_OPTS[@]}"
+}
+train_fp32() {
+    step train_fp32 0 python3 tools/train.py "$SYN_FP32" --work-dir "$RES/syn_fp32" \
+        --cfg-options "${TRAIN_OPTS[@]}"
+}
+
+# profile_lane CONFIG NAME PARITY [parity.py --cfg-options ...]: the config's
+# profiles at both batch sizes, then a parity training run PARITY of the
+# synthetic bf16 config.  Each step keeps ~150 s for each one after it.
+profile_lane() {
+    local config=$1 name=$2 parity=$3 batch reserve=$((150 * ${#BATCHES[@]})) extra=()
+    shift 3
+    (($#)) && extra=(--cfg-options "$@")
+    for batch in "${BATCHES[@]}"; do
+        step "profile_b${batch}_$name" "$reserve" python3 tools/profile_step.py "$config" \
+            --image-size "${SIZE[@]}" --batch-size "$batch" --out "$RES/b${batch}_$name" "${PROFILE_OPTS[@]}"
+        reserve=$((reserve - 150))
+    done
+    step "parity_train_$parity" 0 python3 tools/parity.py train "$SYN_BF16" --iters "$PARITY_ITERS" \
+        --out "$RES/parity_train_$parity" "${extra[@]}"
+}
+profile_fp32() { profile_lane "$COCO_FP32" fp32 native; }
+profile_bf16() { profile_lane "$COCO_BF16" bf16 fp32accum "${FP32_ACCUM[@]}"; }
+
+if [[ $PART == train ]]; then
+    step prepare_data 0 python3 - "$SYN_BF16" <<< "$PREPARE_DATA"
+    lanes train_bf16 train_fp32
+    headline='bbox_mAP_copypaste|^(PASS|FAIL)'
+else
+    step prepare_data 0 python3 - "${SIZE[0]}x${SIZE[1]}" "$SYN_BF16" <<< "$PREPARE_DATA"
+    lanes profile_fp32 profile_bf16
+    headline='^\| [0-9]|max relative difference'
+fi
+# The numbers to read first (the rest is in the tarball), and the last
+# training log line per run: its time: field is the seconds per iteration.
+{ echo "# results"
+  grep -H -E "$headline" "$RES"/logs/*.log
+  for log in "$RES"/logs/train_*.log; do
+      grep -H -o 'Epoch(train).*\]\[[0-9/]*\].* data_time: [0-9.]*' "$log" | tail -n 1
+  done
+} 2>/dev/null | sed "s|$RES/logs/||" >> "$SUMMARY"
+cp "$SUMMARY" "$RES/"
+tar -C work_dirs/e2e --exclude='*.pth' -czf "$OUT/$PART.tar.gz" "$PART"
+echo "wrote $OUT/$PART.tar.gz ($(du -h "$OUT/$PART.tar.gz" | cut -f1)), $SUMMARY"
+cat "$SUMMARY"
