@@ -26,10 +26,9 @@ OUT=${2:-}
 [[ $PART =~ ^(train|profile)$ && -n $OUT ]] || { echo "usage: $0 {train|profile} OUT" >&2; exit 2; }
 mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd) && cd "$(dirname "$0")/.." || exit 2
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
-END=$((EPOCHSECONDS + ${E2E_BUDGET_S:-530}))
+END=$((SECONDS + ${E2E_BUDGET_S:-530}))  # SECONDS counts on in the lanes' subshells
 RES=work_dirs/e2e/$PART
 SUMMARY=$OUT/$PART.log
-rm -rf "$RES" && mkdir -p "$RES/logs" && : > "$SUMMARY"
 
 EPOCHS=${E2E_EPOCHS:-4}
 if [[ ${E2E_SMOKE:-0} == 1 ]]; then
@@ -46,6 +45,7 @@ else
     SIZE=(800 1333) BATCHES=(2 8) PARITY_ITERS=50
     TRAIN_OPTS=() EVAL_OPTS=() PROFILE_OPTS=()
 fi
+[[ $EPOCHS =~ ^[0-9]+$ && $EPOCHS -ge 2 ]] || { echo "$0: E2E_EPOCHS must be >= 2" >&2; exit 2; }
 # The synthetic configs' 6-epoch schedule rescaled to EPOCHS (6 gives it back):
 # validation halfway and at the end, LR drop before the last epoch; a
 # checkpoint every epoch so that a run cut by the deadline still has one;
@@ -57,10 +57,12 @@ TRAIN_OPTS+=(train_cfg.max_epochs="$EPOCHS" train_cfg.val_interval=$(((EPOCHS + 
 FP32_ACCUM=(model.encoder.layer_cfg.self_attn_cfg.fp32_grad_accum=True
             model.decoder.layer_cfg.cross_attn_cfg.fp32_grad_accum=True)
 
+rm -rf "$RES" && mkdir -p "$RES/logs" && : > "$SUMMARY"
 if [[ -n ${CUDA_VISIBLE_DEVICES:-} ]]; then
     IFS=, read -ra GPUS <<< "$CUDA_VISIBLE_DEVICES"
 else
-    mapfile -t GPUS < <(nvidia-smi --query-gpu=index --format=csv,noheader 2>/dev/null)
+    mapfile -t GPUS < <(nvidia-smi --query-gpu=index --format=csv,noheader 2>/dev/null ||
+                        python3 -c 'import torch; [print(i) for i in range(torch.cuda.device_count())]')
 fi
 { echo "# $PART, $(date -u +%FT%TZ), GPUs: ${GPUS[*]:-none}, smoke: ${E2E_SMOKE:-0}, epochs: $EPOCHS"
   nvidia-smi -L 2>/dev/null; } >> "$SUMMARY"
@@ -68,7 +70,7 @@ fi
 # step NAME RESERVE_S CMD...: run CMD, logging to logs/NAME.log, killed at
 # the deadline less RESERVE_S (the time the steps after it in its lane need).
 step() {
-    local name=$1 limit=$((END - EPOCHSECONDS - $2)) start=$EPOCHSECONDS rc
+    local name=$1 limit=$((END - SECONDS - $2)) start=$SECONDS rc
     shift 2
     if ((limit < 20)); then
         printf '%-22s skipped (%ss left)  %s\n' "$name" "$limit" "$*" >> "$SUMMARY"
@@ -76,7 +78,7 @@ step() {
     fi
     timeout -k 15 "$limit" "$@" > "$RES/logs/$name.log" 2>&1
     rc=$?
-    printf '%-22s rc=%-3s %4ss  %s\n' "$name" "$rc" $((EPOCHSECONDS - start)) "$*" >> "$SUMMARY"
+    printf '%-22s rc=%-3s %4ss  %s\n' "$name" "$rc" $((SECONDS - start)) "$*" >> "$SUMMARY"
     return "$rc"
 }
 
@@ -100,7 +102,7 @@ lanes() {
     if ((${#GPUS[@]} >= 2)); then
         CUDA_VISIBLE_DEVICES=${GPUS[0]} "$1" & CUDA_VISIBLE_DEVICES=${GPUS[1]} "$2" & wait
     else
-        CUDA_VISIBLE_DEVICES=${GPUS[0]:-} "$1"; CUDA_VISIBLE_DEVICES=${GPUS[0]:-} "$2"
+        "$1"; "$2"
     fi
 }
 
@@ -138,7 +140,7 @@ profile_bf16() { profile_lane "$COCO_BF16" bf16 fp32accum "${FP32_ACCUM[@]}"; }
 if [[ $PART == train ]]; then
     step prepare_data 0 python3 - "$SYN_BF16" <<< "$PREPARE_DATA"
     lanes train_bf16 train_fp32
-    headline='bbox_mAP_copypaste|^(PASS|FAIL)'
+    headline='bbox_mAP_copypaste|^coco/bbox_mAP |^(PASS|FAIL)'
 else
     step prepare_data 0 python3 - "${SIZE[0]}x${SIZE[1]}" "$SYN_BF16" <<< "$PREPARE_DATA"
     lanes profile_fp32 profile_bf16

@@ -132,3 +132,13 @@ def peak_memory_mb(device: torch.device, *steps: Callable[[], None]) -> list[flo
         torch.cuda.synchronize(device)
         peaks.append((torch.cuda.max_memory_allocated(device) - base) / 2**20)
     return peaks
+
+
+def autograd_floor_us(device: torch.device, budget_ms: float) -> Optional[float]:
+    """Host time (us) of the cheapest differentiable call there is, ``x * 2``
+    and its autograd.grad (one kernel each way): what any eager op pays on
+    this machine before doing anything, the yardstick for host_fwdbwd_us.
+    None on CPU."""
+    x = torch.zeros(4, 300, 256, device=device, requires_grad=True)
+    grad = torch.ones_like(x)
+    return eager_times_us(lambda: torch.autograd.grad(x * 2, x, grad), device, budget_ms)[1]

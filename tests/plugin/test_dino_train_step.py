@@ -27,7 +27,7 @@ def test_dino_loss_backward_is_finite(reference_backend, quiet_mmengine, monkeyp
     op_calls = []
     op = triton_ms_deform_attn.multi_scale_deformable_attention
     monkeypatch.setattr(triton_ms_deform_attn, "multi_scale_deformable_attention",
-                        lambda *args: op_calls.append(1) or op(*args))
+                        lambda *args, **kwargs: op_calls.append(1) or op(*args, **kwargs))
 
     batch = demo_mm_inputs(batch_size=1, image_shapes=[(3, 64, 64)], num_items=[3],
                            num_classes=80)

@@ -4,6 +4,7 @@ import os
 import pytest
 import torch
 from mmcv.ops import MultiScaleDeformableAttention
+from mmdet.registry import MODELS
 from torch import nn
 
 from msda_mm import TritonMSDeformAttn
@@ -124,9 +125,10 @@ def op_calls(monkeypatch):
     calls = []
     op = triton_ms_deform_attn.multi_scale_deformable_attention
 
-    def recording_op(value, spatial_shapes, level_start_index, locations, weights):
-        calls.append(dict(value=value.dtype, locations=locations.dtype, weights=weights.dtype))
-        return op(value, spatial_shapes, level_start_index, locations, weights)
+    def recording_op(value, spatial_shapes, level_start_index, locations, weights, **kwargs):
+        calls.append(dict(value=value.dtype, locations=locations.dtype, weights=weights.dtype,
+                          **kwargs))
+        return op(value, spatial_shapes, level_start_index, locations, weights, **kwargs)
 
     monkeypatch.setattr(triton_ms_deform_attn, "multi_scale_deformable_attention", recording_op)
     return calls
@@ -145,6 +147,18 @@ def test_bf16_autocast_keeps_locations_fp32(reference_backend, op_calls):
     # fp64 models keep fp64 locations (never narrowed to fp32).
     attn.double()(**attention_inputs(dtype=torch.float64))
     assert op_calls[1]["locations"] == torch.float64
+
+
+def test_fp32_grad_accum_reaches_the_op(reference_backend, op_calls):
+    # The config key (e.g. --cfg-options
+    # model.encoder.layer_cfg.self_attn_cfg.fp32_grad_accum=True) is passed
+    # to every call; it is no parameter or buffer, so checkpoints still load.
+    default = TritonMSDeformAttn(**ARGS)
+    forced = MODELS.build(dict(type="TritonMSDeformAttn", fp32_grad_accum=True, **ARGS))
+    forced.load_state_dict(default.state_dict(), strict=True)
+    default(**attention_inputs())
+    forced(**attention_inputs())
+    assert [c["fp32_grad_accum"] for c in op_calls] == [None, True]
 
 
 def test_module_on_triton_kernels_matches_reference(monkeypatch):
