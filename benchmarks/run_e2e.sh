@@ -6,7 +6,10 @@
 #   bash benchmarks/run_e2e.sh {train|profile} OUT
 #
 # train:   DINO R50 on synthetic data in bf16 (then tools/parity.py eval of its
-#          checkpoint) and its fp32 twin, the same schedule.
+#          checkpoint) and its fp32 twin, the same schedule; then, in the time
+#          left in each lane, the profiles of the 800 x 1333 steps (bf16 batch
+#          8 after the eval; batch 2 both precisions, then fp32 batch 8, after
+#          the fp32 run): these share the host with the other lane's training.
 # profile: tools/profile_step.py of the COCO configs at 800 x 1333, batch 2 and
 #          8, fp32 and bf16; tools/parity.py train in bf16, native grad_value
 #          atomics and forced fp32 accumulation (the pre-Hopper path).
@@ -113,10 +116,20 @@ train_bf16() {
     local ckpt
     ckpt=$(cat "$RES/syn_bf16/last_checkpoint" 2>/dev/null) || { echo "parity_eval: no checkpoint" >> "$SUMMARY"; return; }
     step parity_eval 0 python3 tools/parity.py eval "$SYN_BF16" "$ckpt" --out "$RES/parity_eval" "${EVAL_OPTS[@]}"
+    profile_one "$COCO_BF16" bf16 "${BATCHES[-1]}" 0
 }
 train_fp32() {
     step train_fp32 0 python3 tools/train.py "$SYN_FP32" --work-dir "$RES/syn_fp32" \
         --cfg-options "${TRAIN_OPTS[@]}"
+    profile_one "$COCO_BF16" bf16 "${BATCHES[0]}" 0
+    profile_one "$COCO_FP32" fp32 "${BATCHES[0]}" 0
+    profile_one "$COCO_FP32" fp32 "${BATCHES[-1]}" 0
+}
+
+# profile_one CONFIG NAME BATCH RESERVE_S: one profile_step.py run at SIZE.
+profile_one() {
+    step "profile_b${3}_$2" "$4" python3 tools/profile_step.py "$1" \
+        --image-size "${SIZE[@]}" --batch-size "$3" --out "$RES/b${3}_$2" "${PROFILE_OPTS[@]}"
 }
 
 # profile_lane CONFIG NAME PARITY [parity.py --cfg-options ...]: the config's
@@ -127,8 +140,7 @@ profile_lane() {
     shift 3
     (($#)) && extra=(--cfg-options "$@")
     for batch in "${BATCHES[@]}"; do
-        step "profile_b${batch}_$name" "$reserve" python3 tools/profile_step.py "$config" \
-            --image-size "${SIZE[@]}" --batch-size "$batch" --out "$RES/b${batch}_$name" "${PROFILE_OPTS[@]}"
+        profile_one "$config" "$name" "$batch" "$reserve"
         reserve=$((reserve - 150))
     done
     step "parity_train_$parity" 0 python3 tools/parity.py train "$SYN_BF16" --iters "$PARITY_ITERS" \
@@ -138,9 +150,9 @@ profile_fp32() { profile_lane "$COCO_FP32" fp32 native; }
 profile_bf16() { profile_lane "$COCO_BF16" bf16 fp32accum "${FP32_ACCUM[@]}"; }
 
 if [[ $PART == train ]]; then
-    step prepare_data 0 python3 - "$SYN_BF16" <<< "$PREPARE_DATA"
+    step prepare_data 0 python3 - "${SIZE[0]}x${SIZE[1]}" "$SYN_BF16" <<< "$PREPARE_DATA"
     lanes train_bf16 train_fp32
-    headline='bbox_mAP_copypaste|^coco/bbox_mAP |^(PASS|FAIL)'
+    headline='bbox_mAP_copypaste|^coco/bbox_mAP |^(PASS|FAIL)|^\| [0-9]'
 else
     step prepare_data 0 python3 - "${SIZE[0]}x${SIZE[1]}" "$SYN_BF16" <<< "$PREPARE_DATA"
     lanes profile_fp32 profile_bf16

@@ -20,7 +20,7 @@ STEP = "msda_mm::train_step"
 
 # Kernels of msda_mm (msda_fwd_kernel, msda_bwd_kernel) and of mmcv
 # (ms_deformable_im2col_gpu_kernel, ...).
-MSDA_KERNEL = re.compile(r"msda|ms_deform", re.IGNORECASE)
+MSDA_KERNEL = re.compile(r"msda_(fwd|bwd)_kernel|ms_deform", re.IGNORECASE)
 
 # Host events that wait for the device, or stand for such a wait on CUDA
 # (counted on the CPU too: each is a stall once the model runs on a GPU).
@@ -36,7 +36,7 @@ _ADDRESS = re.compile(r" at 0x[0-9a-f]+")
 
 
 def _host_events_in_steps(events) -> list:
-    marks = [e for e in events if e.name == STEP]
+    marks = [e for e in events if e.name == STEP and e.device_type == DeviceType.CPU]
     if not marks:
         raise ValueError(f"no {STEP!r} range in the trace: mark each step with "
                          f"torch.profiler.record_function({STEP!r})")
@@ -58,13 +58,19 @@ def _host_events_in_steps(events) -> list:
 
 
 def _device_summary(events, iters: int) -> dict:
-    busy = msda = 0.0
-    for e in events:
-        if e.device_type != DeviceType.CPU:
-            us = e.time_range.elapsed_us()
-            busy += us
-            if MSDA_KERNEL.search(e.name):
-                msda += us
+    # Device events are kernels, copies and fills, plus a device-side copy of
+    # every record_function range (the step itself, Optimizer.step, ...):
+    # those carry the name of a host event and are left out.  Busy time is
+    # the union of the rest, so overlapping streams count once.
+    host_names = {e.name for e in events if e.device_type == DeviceType.CPU}
+    spans = sorted((e.time_range.start, e.time_range.end) for e in events
+                   if e.device_type != DeviceType.CPU and e.name not in host_names)
+    msda = sum(e.time_range.elapsed_us() for e in events
+               if e.device_type != DeviceType.CPU and MSDA_KERNEL.search(e.name))
+    busy, end = 0.0, float("-inf")
+    for start, stop in spans:
+        busy += max(0.0, stop - max(start, end))
+        end = max(end, stop)
     if busy == 0.0:
         return dict(device_ms_per_iter=None, msda_ms_per_iter=None, msda_share=None)
     return dict(device_ms_per_iter=busy / iters / 1e3, msda_ms_per_iter=msda / iters / 1e3,
