@@ -22,6 +22,7 @@ CONFIG = str(ROOT / "configs/synthetic/dino_tiny_cpu.py")
 KEYS = {"config", "batch_size", "image_size", "precision", "msda_modules", "warmup", "iters",
         "profile_iters", "ms_per_iter", "ms_per_iter_median", "images_per_s", "peak_memory_mib",
         "device_ms_per_iter", "msda_ms_per_iter", "msda_share", "cpu_ms_per_iter", "host_top",
+        "sync_sources_per_iter",
         "sync_points_per_iter", "step_ms", "environment"}
 
 
@@ -109,18 +110,26 @@ def test_summary_of_device_and_host_events():
               # step, which contains "msda") are no kernels, and a kernel on
               # a second stream inside a gemm adds no busy time.
               _event(STEP, 0, 100, DeviceType.CUDA), _event(STEP, 200, 300, DeviceType.CUDA),
-              _event("fill", 60, 70, DeviceType.CUDA)]
+              _event("fill", 60, 70, DeviceType.CUDA),
+              # Python frames: each item() is attributed to the innermost
+              # frame outside torch around it, mmdet's loss here.
+              _event("mmdet/models/losses/x.py(10): loss", 2, 99),
+              _event("mmdet/models/losses/x.py(20): helper", 3, 9),
+              _event("torch/_tensor.py(5): item", 9, 21),
+              _event("mmdet/models/losses/x.py(10): loss", 202, 299)]
     s = summarise(events, iters=2)
     assert s["device_ms_per_iter"] == pytest.approx(0.040)
     assert s["msda_ms_per_iter"] == pytest.approx(0.010)
     assert s["msda_share"] == pytest.approx(0.25)
     assert s["cpu_ms_per_iter"] == pytest.approx(0.014)
-    assert [h["name"] for h in s["host_top"]] == [
+    assert [h["name"] for h in s["host_top"][:2]] == [
         "aten::_local_scalar_dense", "<built-in method item of Tensor object>"]
     assert s["host_top"][0]["calls_per_iter"] == 1 and s["host_top"][0]["share_of_host"] == \
         pytest.approx(10 / 14)
     assert s["sync_points_per_iter"]["aten::_local_scalar_dense"] == 1
     assert s["sync_points_per_iter"]["cudaStreamSynchronize"] == 0
+    assert s["sync_sources_per_iter"] == [
+        dict(frame="mmdet/models/losses/x.py(10): loss", per_iter=1)]
     with pytest.raises(ValueError, match="record_function"):
         summarise([e for e in events if e.device_type != DeviceType.CPU or e.name != STEP],
                   iters=2)

@@ -181,6 +181,12 @@ def markdown(r: dict) -> str:
         "",
         "Synchronisation points per step: " + ", ".join(
             f"{name} {count:g}" for name, count in r["sync_points_per_iter"].items()),
+        "",
+        "Where the host waits for the device (innermost Python frame outside torch):",
+        "",
+        "| frame | waits/iter |",
+        "| --- | --- |",
+        *(f"| `{s['frame']}` | {s['per_iter']:g} |" for s in r["sync_sources_per_iter"]),
     ]
     return "\n".join(lines) + "\n"
 

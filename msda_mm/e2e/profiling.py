@@ -24,11 +24,15 @@ MSDA_KERNEL = re.compile(r"msda_(fwd|bwd)_kernel|ms_deform", re.IGNORECASE)
 
 # Host events that wait for the device, or stand for such a wait on CUDA
 # (counted on the CPU too: each is a stall once the model runs on a GPU).
-SYNC_EVENTS = ("aten::_local_scalar_dense", "aten::item", "aten::nonzero",
-               "cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize",
+_CUDA_WAITS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize",
                "cudaMemcpy")
+SYNC_EVENTS = ("aten::_local_scalar_dense", "aten::item", "aten::nonzero") + _CUDA_WAITS
 
 TOP_HOST = 15
+TOP_SYNC_SOURCES = 12
+
+# A Python frame as torch.profiler(with_stack=True) names it: "path.py(line): function".
+_FRAME = re.compile(r"^(?P<path>[^<]*\.py)\(\d+\): ")
 
 # Python events name their callable with its address ("<built-in method sum
 # of Tensor object at 0x7f...>"): dropped, so each callable is one row.
@@ -77,6 +81,41 @@ def _device_summary(events, iters: int) -> dict:
                 msda_share=msda / busy)
 
 
+def _caller(frame_name: str) -> bool:
+    # A frame of the model's code (mmdet, mmengine, msda_mm, scipy, ...):
+    # torch's own frames only say which tensor method synchronised.
+    match = _FRAME.match(frame_name)
+    return bool(match) and not re.match(r"(.*/)?torch/", match["path"])
+
+
+def _sync_sources(host) -> list:
+    """[(innermost non-torch Python frame, synchronisations)] over the
+    ``host`` events, most first.  Python frames nest on their thread, so the
+    innermost one around an event is the latest-starting frame that has not
+    ended by then; events off the Python thread (the autograd engine's) have
+    none."""
+    frames = defaultdict(list)
+    for e in host:
+        if _caller(e.name):
+            frames[e.thread].append((e.time_range.start, e.time_range.end, e.name))
+    for spans in frames.values():
+        spans.sort()
+    # One event per synchronisation: the CUDA runtime's waits where the trace
+    # has them, else (a CPU run) the ops that wait on CUDA.
+    waits = {e.name for e in host} & set(_CUDA_WAITS) or {"aten::_local_scalar_dense",
+                                                          "aten::nonzero"}
+    counts: dict[str, int] = defaultdict(int)
+    for e in host:
+        if e.name not in waits:
+            continue
+        spans, start = frames.get(e.thread, []), e.time_range.start
+        i = bisect.bisect_right(spans, (start, float("inf"))) - 1
+        while i >= 0 and spans[i][1] < e.time_range.end:
+            i -= 1
+        counts[spans[i][2] if i >= 0 else "(no Python frame: autograd engine thread)"] += 1
+    return sorted(counts.items(), key=lambda kv: -kv[1])
+
+
 def summarise(events, iters: int) -> dict:
     """Per-step figures from the events (``prof.events()``) of ``iters``
     marked steps.  Device figures are None when no device event was traced
@@ -97,4 +136,6 @@ def summarise(events, iters: int) -> dict:
                        share_of_host=us / host_us if host_us else 0.0)
                   for name, (calls, us) in top],
         sync_points_per_iter={name: by_name[name][0] / iters if name in by_name else 0.0
-                              for name in SYNC_EVENTS})
+                              for name in SYNC_EVENTS},
+        sync_sources_per_iter=[dict(frame=frame, per_iter=n / iters)
+                               for frame, n in _sync_sources(host)[:TOP_SYNC_SOURCES]])
