@@ -17,20 +17,26 @@ import pytest
 TOOL = Path(__file__).resolve().parents[1] / "tools" / "compile_check.py"
 
 
-@pytest.fixture(scope="module")
-def rows(tmp_path_factory):
-    """The four bf16 backward variants (2 archs x 2 accumulation modes).
+def _compile_check(out: Path, *args: str) -> list:
+    """The bf16 backward rows of ``tools/compile_check.py args``.
 
     A subprocess, because conftest.py turned the interpreter on in this
     process, and interpreted kernels cannot be compiled."""
-    out = tmp_path_factory.mktemp("compile_check") / "rows.json"
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    run = subprocess.run([sys.executable, str(TOOL), "--archs", "80", "90", "--dtypes", "bf16",
-                          "--kernels", "bwd", "--head-dims", "32", "--json", str(out)],
+    run = subprocess.run([sys.executable, str(TOOL), "--dtypes", "bf16", "--kernels", "bwd",
+                          *args, "--json", str(out)],
                          env=env, capture_output=True, text=True, timeout=600)
     print(run.stdout)  # the table, shown with -s or on failure
     assert run.returncode == 0, run.stdout + run.stderr
-    return {(r["arch"], r["fp32_accum"]): r for r in json.loads(out.read_text())}
+    return json.loads(out.read_text())
+
+
+@pytest.fixture(scope="module")
+def rows(tmp_path_factory):
+    """The four bf16 backward variants (2 archs x 2 accumulation modes)."""
+    out = tmp_path_factory.mktemp("compile_check") / "rows.json"
+    return {(r["arch"], r["fp32_accum"]): r
+            for r in _compile_check(out, "--archs", "80", "90", "--head-dims", "32")}
 
 
 def _fp32_adds_only(row):
@@ -65,3 +71,11 @@ def test_native_bf16_on_sm90_is_a_vector_red(rows):
     assert row["ptx_atomics"] and all(".add.noftz.v" in op and op.endswith("bf16")
                                       for op in row["ptx_atomics"]), row
     assert row["sass_atomics"] and all(".ADD.BF16x" in op for op in row["sass_atomics"]), row
+
+
+def test_wide_heads_do_not_spill(tmp_path):
+    # D = 256 (one head of 256): one warp per program held 4 x 16 x 256
+    # corner values and spilled (14 registers native, 236 with fp32
+    # accumulation); launch._tile adds warps instead.
+    for row in _compile_check(tmp_path / "rows.json", "--archs", "90", "--head-dims", "256"):
+        assert row["spill_stores"] == 0 and row["spill_loads"] == 0, row

@@ -54,8 +54,14 @@ def _tile(kernel: str, value: torch.Tensor, points: int) -> dict:
         kernel, _TILES[kernel, min(value.element_size(), 4)])
     block_p = min(triton.next_power_of_2(points), *block_p or [16])
     block_d = triton.next_power_of_2(value.shape[-1])
-    return dict(BLOCK_Q=max(1, block_q * 32 // block_d), BLOCK_P=block_p, BLOCK_D=block_d,
-                num_warps=num_warps)
+    # A wider head first takes queries off the tile (the registers of the
+    # tuned D = 32 tile), then, past 2x the tuned elements per warp (D >= 128),
+    # adds warps: one warp spilled 14 registers in the bf16 backward at
+    # D = 256 and 236 with fp32 accumulation (tools/compile_check.py).
+    tuned = block_q * block_p * 32
+    block_q = max(1, tuned // (block_p * block_d))
+    num_warps = min(8, max(num_warps, num_warps * block_q * block_p * block_d // (2 * tuned)))
+    return dict(BLOCK_Q=block_q, BLOCK_P=block_p, BLOCK_D=block_d, num_warps=num_warps)
 
 
 def _acc_dtype(*tensors: torch.Tensor):
