@@ -1,0 +1,32 @@
+"""benchmarks/run_e2e.sh, the script behind the committed H200 end-to-end
+results, in its CPU smoke mode (E2E_SMOKE=1: the tiny config, a few steps):
+every step of the `train` part runs and the results are packed."""
+import os
+import subprocess
+import tarfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "benchmarks" / "run_e2e.sh"
+
+
+def test_train_part_runs_every_step_and_packs_results(tmp_path):
+    # No GPUs listed: the two lanes run one after the other.
+    env = dict(os.environ, E2E_SMOKE="1", CUDA_VISIBLE_DEVICES="")
+    env.pop("TRITON_INTERPRET", None)
+    run = subprocess.run(["bash", str(SCRIPT), "train", str(tmp_path)], env=env,
+                         capture_output=True, text=True, timeout=600)
+    summary = (tmp_path / "train.log").read_text()
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    steps = {line.split()[0]: line.split()[1] for line in summary.splitlines()
+             if " rc=" in line}
+    assert set(steps) == {"prepare_data", "train_bf16", "parity_eval", "profile_b2_bf16",
+                          "train_fp32", "profile_b1_bf16", "profile_b1_fp32",
+                          "profile_b2_fp32"}, summary
+    assert all(rc == "rc=0" for rc in steps.values()), summary
+    assert "PASS" in summary, summary
+    with tarfile.open(tmp_path / "train.tar.gz") as tar:
+        names = tar.getnames()
+    assert any(n.endswith("parity_eval/parity_eval.json") for n in names), names
+    assert any(n.endswith("b2_fp32/profile.json") for n in names), names
+    assert not any(n.endswith(".pth") for n in names), names
