@@ -6,7 +6,6 @@ import contextlib
 import os
 
 import torch
-import triton
 import triton.language as tl
 
 from .kernels import msda_bwd_kernel, msda_fwd_kernel
@@ -49,11 +48,18 @@ def tile_override(fwd: tuple[int, int] | None = None, bwd: tuple[int, int] | Non
         _tile_override.update(saved)
 
 
+def _next_pow2(n: int) -> int:
+    # Plain int arithmetic: triton.next_power_of_2 and triton.cdiv are
+    # constexpr-function wrappers costing ~1.5 us a call on a dev CPU, three
+    # of them per launch (each more on a slow host).
+    return 1 << (n - 1).bit_length()
+
+
 def _tile(kernel: str, value: torch.Tensor, points: int) -> dict:
     block_q, num_warps, *block_p = _tile_override.get(
         kernel, _TILES[kernel, min(value.element_size(), 4)])
-    block_p = min(triton.next_power_of_2(points), *block_p or [16])
-    block_d = triton.next_power_of_2(value.shape[-1])
+    block_p = min(_next_pow2(points), *block_p or [16])
+    block_d = _next_pow2(value.shape[-1])
     # A wider head first takes queries off the tile (the registers of the
     # tuned D = 32 tile), then, past 2x the tuned elements per warp (D >= 128),
     # adds warps: one warp spilled 14 registers in the bf16 backward at
@@ -79,7 +85,7 @@ def _device_guard(t: torch.Tensor):
 
 
 def _grid(B: int, Q: int, M: int, block_q: int):
-    return (triton.cdiv(Q, block_q) * B * M,)
+    return (-(-Q // block_q) * B * M,)
 
 
 def msda_forward(value, spatial_shapes, level_start_index, sampling_locations,
