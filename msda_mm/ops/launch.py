@@ -21,9 +21,9 @@ def interpreter_enabled() -> bool:
 # to keep the registers per program (see _tile).  Chosen from 13 tiles on
 # the H200 (benchmarks/NOTES.md, cold-L2 graph replays, us, decoder /
 # dino_decoder / encoder presets):
-# - one warp per program wins everywhere: with 2-8 warps Triton spreads the
-#   points axis over warps, so the forward's sum over points goes through
-#   shared memory (bf16 forward, 4 queries x 4 warps: 27.6 / 61.2 / 570).
+# - one warp per program wins everywhere; more warps lose most in the
+#   forward (bf16, 4 queries x 4 warps: 27.6 / 61.2 / 570), for reasons not
+#   yet measured (layout conversions are not it: NOTES.md).
 # - forward 2 queries x 16 points: bf16 16.9 / 30.8 / 209, fp32 19.6 / 35.5
 #   / 250 (1 query: 17.0 / 31.0 / 265; 4 queries x 8 points: 19.7 / 32.8 /
 #   199 in bf16, the only tile better on one preset).
@@ -36,7 +36,7 @@ _tile_override: dict = {}
 
 
 @contextlib.contextmanager
-def tile_override(fwd: tuple[int, int] | None = None, bwd: tuple[int, int] | None = None):
+def tile_override(fwd: tuple[int, ...] | None = None, bwd: tuple[int, ...] | None = None):
     """Launch with other (BLOCK_Q, num_warps[, BLOCK_P]) tiles inside this
     block: a tuning hook for the benchmark, not an API for models."""
     saved = dict(_tile_override)
