@@ -113,12 +113,30 @@ def _point_chunk(p0, shapes_ptr, starts_ptr, L: tl.constexpr, K: tl.constexpr,
 
 
 @triton.jit
+def _corner_rows(base, i00, W, stride_s, offs_d, stride_d):
+    """[BLOCK_Q, BLOCK_P, BLOCK_D] pointers to the top-left (00) and
+    bottom-left (10) corner rows of each sample; the right corners are one
+    stride_s further."""
+    p00 = _corner_ptrs(base, i00, stride_s, offs_d, stride_d)
+    return p00, p00 + W.to(tl.int64)[:, :, None] * stride_s
+
+
+@triton.jit
+def _corner_weights(w, lx, ly):
+    """The four bilinear weights times the attention weight, as
+    [BLOCK_Q, BLOCK_P, 1] tiles (00, 01, 10, 11)."""
+    hx = 1.0 - lx
+    hy = 1.0 - ly
+    return ((w * hy * hx)[:, :, None], (w * hy * lx)[:, :, None], (w * ly * hx)[:, :, None],
+            (w * ly * lx)[:, :, None])
+
+
+@triton.jit
 def _load_corners(v_base, i00, W, m00, m01, m10, m11, stride_vs, offs_d, stride_vd, dmask,
                   ACC: tl.constexpr):
     """The four [BLOCK_Q, BLOCK_P, BLOCK_D] corner rows around each sample
     (zeros where a corner is outside its level)."""
-    p00 = _corner_ptrs(v_base, i00, stride_vs, offs_d, stride_vd)
-    p10 = p00 + W.to(tl.int64)[:, :, None] * stride_vs
+    p00, p10 = _corner_rows(v_base, i00, W, stride_vs, offs_d, stride_vd)
     dm = dmask[None, None, :]
     v00 = tl.load(p00, mask=m00[:, :, None] & dm, other=0.0).to(ACC)
     v01 = tl.load(p00 + stride_vs, mask=m01[:, :, None] & dm, other=0.0).to(ACC)
@@ -175,11 +193,8 @@ def msda_fwd_kernel(
             stride_ab, stride_aq, stride_am, stride_al, stride_ak, L, K, BLOCK_P, ACC)
         v00, v01, v10, v11 = _load_corners(v_base, i00, W, m00, m01, m10, m11, stride_vs,
                                            offs_d, stride_vd, dmask, ACC)
-        hx = 1.0 - lx
-        hy = 1.0 - ly
-        acc += tl.sum((w * hy * hx)[:, :, None] * v00 + (w * hy * lx)[:, :, None] * v01
-                      + (w * ly * hx)[:, :, None] * v10 + (w * ly * lx)[:, :, None] * v11,
-                      axis=1)
+        c00, c01, c10, c11 = _corner_weights(w, lx, ly)
+        acc += tl.sum(c00 * v00 + c01 * v01 + c10 * v10 + c11 * v11, axis=1)
 
     o_ptrs = _row_ptrs(_head_base(out_ptr, b, m, stride_ob, stride_om), q, stride_oq,
                        offs_d, stride_od)
@@ -243,13 +258,11 @@ def msda_bwd_kernel(
                              stride_gal, stride_gak),
                  g_attn.to(grad_attn_ptr.dtype.element_ty), mask=live)
 
-        g00 = _corner_ptrs(gv_base, i00, stride_gvs, offs_d, 1)
-        g10 = g00 + W.to(tl.int64)[:, :, None] * stride_gvs
-        tl.atomic_add(g00, ((w * hy * hx)[:, :, None] * go).to(gv_ty),
-                      mask=m00[:, :, None] & dm, sem="relaxed")
-        tl.atomic_add(g00 + stride_gvs, ((w * hy * lx)[:, :, None] * go).to(gv_ty),
-                      mask=m01[:, :, None] & dm, sem="relaxed")
-        tl.atomic_add(g10, ((w * ly * hx)[:, :, None] * go).to(gv_ty),
-                      mask=m10[:, :, None] & dm, sem="relaxed")
-        tl.atomic_add(g10 + stride_gvs, ((w * ly * lx)[:, :, None] * go).to(gv_ty),
-                      mask=m11[:, :, None] & dm, sem="relaxed")
+        c00, c01, c10, c11 = _corner_weights(w, lx, ly)
+        g00, g10 = _corner_rows(gv_base, i00, W, stride_gvs, offs_d, 1)
+        tl.atomic_add(g00, (c00 * go).to(gv_ty), mask=m00[:, :, None] & dm, sem="relaxed")
+        tl.atomic_add(g00 + stride_gvs, (c01 * go).to(gv_ty), mask=m01[:, :, None] & dm,
+                      sem="relaxed")
+        tl.atomic_add(g10, (c10 * go).to(gv_ty), mask=m10[:, :, None] & dm, sem="relaxed")
+        tl.atomic_add(g10 + stride_gvs, (c11 * go).to(gv_ty), mask=m11[:, :, None] & dm,
+                      sem="relaxed")
