@@ -45,7 +45,8 @@ def tiled(impl: str) -> tuple[str, dict]:
     try:
         fwd, bwd = (tuple(int(n) for n in part.split("x")) for part in spec.split(","))
     except ValueError:
-        raise ValueError(f"tile spec {spec!r}: expected FWD_BQxWARPS[xBLOCK_P],BWD_BQxWARPS[xBLOCK_P]") from None
+        raise ValueError(f"tile spec {spec!r}: expected "
+                         "FWD_BQxWARPS[xBLOCK_P],BWD_BQxWARPS[xBLOCK_P]") from None
     return base, dict(fwd=fwd, bwd=bwd)
 
 
