@@ -3,7 +3,7 @@
 # is killed at 600 s, so every step runs under a deadline and the results are
 # packed before it).
 #
-#   bash benchmarks/run_e2e.sh {train|profile} OUT
+#   bash benchmarks/run_e2e.sh {train|profile|seeds} OUT
 #
 # train:   DINO R50 on synthetic data in bf16 (then tools/parity.py eval of its
 #          checkpoint) and its fp32 twin, the same schedule; then, in the time
@@ -13,6 +13,9 @@
 # profile: tools/profile_step.py of the COCO configs at 800 x 1333, batch 2 and
 #          8, fp32 and bf16; tools/parity.py train in bf16, native grad_value
 #          atomics and forced fp32 accumulation (the pre-Hopper path).
+# seeds:   the synthetic R50 training of `train`, bf16 and fp32, once per seed
+#          of E2E_SEEDS (default "0 1"), all runs at once (round-robin over
+#          the GPUs; on one GPU they share it): AP against seed-to-seed noise.
 # Two lanes of steps, one per GPU (CUDA_VISIBLE_DEVICES, else nvidia-smi);
 # with one GPU they run one after the other.  Writes OUT/PART.log (each step's
 # exit code, seconds and command, then the headline numbers) and
@@ -26,7 +29,7 @@ set -uo pipefail  # no -e: a failed step is recorded and the others still run
 
 PART=${1:-}
 OUT=${2:-}
-[[ $PART =~ ^(train|profile)$ && -n $OUT ]] || { echo "usage: $0 {train|profile} OUT" >&2; exit 2; }
+[[ $PART =~ ^(train|profile|seeds)$ && -n $OUT ]] || { echo "usage: $0 {train|profile|seeds} OUT" >&2; exit 2; }
 mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd) && cd "$(dirname "$0")/.." || exit 2
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 END=$((SECONDS + ${E2E_BUDGET_S:-530}))  # SECONDS counts on in the lanes' subshells
@@ -149,10 +152,31 @@ profile_lane() {
 profile_fp32() { profile_lane "$COCO_FP32" fp32 native; }
 profile_bf16() { profile_lane "$COCO_BF16" bf16 fp32accum "${FP32_ACCUM[@]}"; }
 
+# seed_runs: every (precision, seed) training at once, GPUs round-robin.
+seed_runs() {
+    local i=0 seed precision gpu
+    for seed in ${E2E_SEEDS:-0 1}; do
+        for precision in bf16 fp32; do
+            gpu=${GPUS[i++ % (${#GPUS[@]} > 0 ? ${#GPUS[@]} : 1)]:-}
+            local cfg=$SYN_BF16
+            [[ $precision == fp32 ]] && cfg=$SYN_FP32
+            # Two loader workers each: the runs share the host's cores.
+            CUDA_VISIBLE_DEVICES=$gpu step "train_${precision}_seed$seed" 0 python3 tools/train.py \
+                "$cfg" --work-dir "$RES/syn_${precision}_seed$seed" --cfg-options "${TRAIN_OPTS[@]}" \
+                randomness.seed="$seed" train_dataloader.num_workers=2 &
+        done
+    done
+    wait
+}
+
 if [[ $PART == train ]]; then
     step prepare_data 0 python3 - "${SIZE[0]}x${SIZE[1]}" "$SYN_BF16" <<< "$PREPARE_DATA"
     lanes train_bf16 train_fp32
     headline='bbox_mAP_copypaste|^coco/bbox_mAP |^(PASS|FAIL)|^\| [0-9]'
+elif [[ $PART == seeds ]]; then
+    step prepare_data 0 python3 - "$SYN_BF16" <<< "$PREPARE_DATA"
+    seed_runs
+    headline='bbox_mAP_copypaste'
 else
     step prepare_data 0 python3 - "${SIZE[0]}x${SIZE[1]}" "$SYN_BF16" <<< "$PREPARE_DATA"
     lanes profile_fp32 profile_bf16
