@@ -84,8 +84,19 @@ def _device_guard(t: torch.Tensor):
     return contextlib.nullcontext()
 
 
-def _grid(B: int, Q: int, M: int, block_q: int):
-    return (-(-Q // block_q) * B * M,)
+# CUDA's limit on a grid's second and third dimensions (heads M and batch B).
+_GRID_YZ_MAX = 65535
+
+
+def _grid(value: torch.Tensor, Q: int, block_q: int):
+    """(query blocks, M, B) for value (B, S, M, D), or ValueError for shapes
+    the kernels do not take: M or B past the grid's limits, or S past int32
+    (the kernels index positions in int32)."""
+    B, S, M, _ = value.shape
+    if max(B, M) > _GRID_YZ_MAX or S >= 2**31:
+        raise ValueError(f"value {tuple(value.shape)}: the Triton kernels take at most "
+                         f"{_GRID_YZ_MAX} batches B and heads M and fewer than 2**31 positions S")
+    return (-(-Q // block_q), M, B)
 
 
 def msda_forward(value, spatial_shapes, level_start_index, sampling_locations,
@@ -100,9 +111,9 @@ def msda_forward(value, spatial_shapes, level_start_index, sampling_locations,
     out = value.new_empty(B, Q, M, D)
     tile = _tile("fwd", value, L * K)
     with _device_guard(value):
-        msda_fwd_kernel[_grid(B, Q, M, tile["BLOCK_Q"])](
+        msda_fwd_kernel[_grid(value, Q, tile["BLOCK_Q"])](
             value, spatial_shapes, level_start_index, sampling_locations, attention_weights, out,
-            Q, M, S, D,
+            Q, S, D,
             *value.stride(), *sampling_locations.stride(), *attention_weights.stride(),
             *out.stride(),
             L=L, K=K, ACC=_acc_dtype(value, sampling_locations, attention_weights), **tile,
@@ -127,10 +138,10 @@ def msda_backward(grad_output, value, spatial_shapes, level_start_index, samplin
     go = grad_output.unflatten(-1, (M, D))  # a view for any strides
     tile = _tile("bwd", value, L * K)
     with _device_guard(value):
-        msda_bwd_kernel[_grid(B, Q, M, tile["BLOCK_Q"])](
+        msda_bwd_kernel[_grid(value, Q, tile["BLOCK_Q"])](
             go, value, spatial_shapes, level_start_index, sampling_locations, attention_weights,
             grad_value, grad_loc, grad_attn,
-            Q, M, S, D,
+            Q, S, D,
             *go.stride(), *value.stride(), *sampling_locations.stride(),
             *attention_weights.stride(),
             *grad_value.stride()[:3], *grad_loc.stride(), *grad_attn.stride(),

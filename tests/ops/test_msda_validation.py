@@ -51,3 +51,10 @@ def test_bad_input_raises_clear_error(case):
         msda(**args)
     for w in words:
         assert w in str(info.value), (w, str(info.value))
+
+
+@pytest.mark.parametrize("shape", [(1, 2**31, 1, 1), (65536, 1, 1, 1), (1, 1, 65536, 1)])
+def test_launcher_refuses_shapes_past_the_grid_or_int32_positions(shape):
+    from msda_mm.ops import launch
+    with pytest.raises(ValueError, match=r"at most 65535 batches B and heads M .* 2\*\*31"):
+        launch._grid(torch.empty(shape, device="meta"), 10, 2)
