@@ -30,7 +30,7 @@ from msda_mm.bench.report import (console_table, device_name, environment, slug,
                                   write_csv, write_json)
 from msda_mm.bench.run import DTYPES, Config, run_matrix  # noqa: E402
 from msda_mm.bench.targets import apply_targets, load_targets  # noqa: E402
-from msda_mm.bench.timing import autograd_floor_us  # noqa: E402
+from msda_mm.bench.timing import autograd_floor_us, graph_floor_us  # noqa: E402
 
 _ACCUM = {"auto": None, "on": True, "off": False}
 
@@ -91,7 +91,9 @@ def main(argv=None) -> int:
                             impl=args.impl, fp32_grad_accum=args.fp32_grad_accum,
                             budget_ms=args.budget_ms, seed=args.seed, targets=targets),
                 wall_s=round(time.perf_counter() - start, 1), method=METHOD,
-                host_floor_fwdbwd_us=autograd_floor_us(args.device, args.budget_ms))
+                host_floor_fwdbwd_us=autograd_floor_us(args.device, args.budget_ms),
+                graph_floor_us=(graph_floor_us(args.device, args.budget_ms)
+                                if args.device.type == "cuda" else None))
     name = device_name(args.device)
     for folder in args.out:
         folder.mkdir(parents=True, exist_ok=True)
@@ -100,6 +102,9 @@ def main(argv=None) -> int:
     print(console_table(records))
     if meta["host_floor_fwdbwd_us"] is not None:
         print(f"host floor (x * 2 and its autograd.grad): {meta['host_floor_fwdbwd_us']:.1f} us")
+    if meta["graph_floor_us"] is not None:
+        print(f"graph floor (fwd_us's timer on one one-element fill): "
+              f"{meta['graph_floor_us']:.1f} us")
     print(f"{len(records)} cells in {meta['wall_s']} s on {name}; results in "
           + ", ".join(str(folder / slug(name)) + ".{json,csv,png}" for folder in args.out))
     for folder in args.out:

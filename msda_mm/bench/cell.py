@@ -9,7 +9,7 @@ import torch
 from .impls import MSDAFn, bind
 from .inputs import MSDAInputs
 from .presets import Preset
-from .timing import eager_times_us, graph_times_us, peak_memory_mb
+from .timing import eager_times_us, graph_times_us, kernel_times_us, peak_memory_mb
 
 # Output, then the gradients in argument order (value, locations, weights).
 TENSORS = ("out", "grad_value", "grad_loc", "grad_attn")
@@ -31,6 +31,11 @@ METHOD = {
               "torch.autograd.grad with a fixed grad_output",
     "fwd_warm_us/bwd_warm_us": "as fwd_us/bwd_us, but replays back to back without the L2 "
                                "flush: each finds what the previous one left in the L2",
+    "fwd_kernel_us/bwd_kernel_us": "as fwd_us/bwd_us, but the sum of the call's kernel, memset "
+                                   "and copy durations recorded by the CUDA profiler (CUPTI), "
+                                   "median over eager calls after an L2 flush: without the "
+                                   "graph launch that fwd_us includes (graph_floor_us)",
+    "graph_floor_us": "fwd_us's timer on a graph of one one-element fill",
     "eager_fwd_us/eager_fwdbwd_us": "median wall time of plain Python calls, L2 flushed and "
                                     "device synchronised before, synchronised after",
     "host_fwd_us/host_fwdbwd_us": "median CPU time until the call returns, on an idle device "
@@ -116,6 +121,9 @@ def measure(record: dict, fn: MSDAFn, inputs: MSDAInputs, reference: Optional[tu
         fwd, fwd_warm = graph_times_us(forward, device, budget_ms)
         fwdbwd, fwdbwd_warm = graph_times_us(forward_backward, device, budget_ms)
         record.update(fwd_warm_us=fwd_warm, bwd_warm_us=fwdbwd_warm - fwd_warm)
+        fwd_kernel = kernel_times_us(forward, device)
+        record.update(fwd_kernel_us=fwd_kernel,
+                      bwd_kernel_us=kernel_times_us(forward_backward, device) - fwd_kernel)
     else:
         fwd, fwdbwd = record["eager_fwd_us"], record["eager_fwdbwd_us"]
     record.update(fwd_us=fwd, bwd_us=fwdbwd - fwd, fwdbwd_us=fwdbwd)

@@ -92,6 +92,46 @@ def graph_times_us(fn: Callable[[], object], device: torch.device,
             statistics.median(replays(reps, flush=False)))
 
 
+def kernel_times_us(fn: Callable[[], object], device: torch.device,
+                    reps: int = 20) -> float:
+    """Median device time (us) of one call of ``fn`` as the sum of its
+    kernels', memsets' and copies' own durations, as the CUDA profiler
+    (CUPTI) records them, cold L2.
+
+    Unlike graph_times_us this leaves out the graph launch and the gaps
+    between launches: for a 10 us kernel the event pair around a graph
+    replay adds several us (graph_floor_us measures it).  Each call starts
+    after a flush and a synchronisation, so the device activities split into
+    reps equal groups, each led by the flush; a call whose activities vary
+    in number raises rather than mixes them up.
+    """
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()  # warm-up: compilation, allocator growth
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            flush_l2(device)
+            _synchronize(device)
+            fn()
+            _synchronize(device)
+    spans = sorted((e.start_ns(), e.duration_ns()) for e in prof.profiler.kineto_results.events()
+                   if e.device_type() == torch.autograd.DeviceType.CUDA)
+    if not spans or len(spans) % reps:
+        raise RuntimeError(f"{len(spans)} device activities in {reps} calls: not one group "
+                           f"per call")
+    size = len(spans) // reps
+    # Drop each group's first activity: the flush.
+    per_call = [sum(d for _, d in spans[i * size + 1:(i + 1) * size]) / 1e3 for i in range(reps)]
+    return statistics.median(per_call)
+
+
+def graph_floor_us(device: torch.device, budget_ms: float) -> float:
+    """graph_times_us (cold) of the cheapest graph there is, one one-element
+    fill: what every graph-replay time includes besides the op's own work."""
+    x = torch.zeros(1, device=device)
+    return graph_times_us(lambda: x.fill_(1.0), device, budget_ms)[0]
+
+
 def eager_times_us(fn: Callable[[], object], device: torch.device,
                    budget_ms: float) -> tuple[float, Optional[float]]:
     """(wall, host) medians in us over plain calls of ``fn``.
