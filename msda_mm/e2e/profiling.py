@@ -92,7 +92,7 @@ def _sync_sources(host) -> list:
     """[(innermost non-torch Python frame, synchronisations)] over the
     ``host`` events, most first.  Python frames nest on their thread, so the
     innermost one around an event is the latest-starting frame that has not
-    ended by then; events off the Python thread (the autograd engine's) have
+    ended by then; events off the Python threads (the autograd engine's) have
     none."""
     frames = defaultdict(list)
     for e in host:
@@ -100,19 +100,19 @@ def _sync_sources(host) -> list:
             frames[e.thread].append((e.time_range.start, e.time_range.end, e.name))
     for spans in frames.values():
         spans.sort()
-    # One event per synchronisation: the CUDA runtime's waits where the trace
-    # has them, else (a CPU run) the ops that wait on CUDA.
-    waits = {e.name for e in host} & set(_CUDA_WAITS) or {"aten::_local_scalar_dense",
-                                                          "aten::nonzero"}
+    # One event per synchronisation: the ops that wait on CUDA.  Not the CUDA
+    # runtime's own waits: on the H200 (torch 2.11) the profiler gave those
+    # another thread id than the Python frames, so all 1002 a step came out
+    # frameless.
     counts: dict[str, int] = defaultdict(int)
     for e in host:
-        if e.name not in waits:
+        if e.name not in ("aten::_local_scalar_dense", "aten::nonzero"):
             continue
         spans, start = frames.get(e.thread, []), e.time_range.start
         i = bisect.bisect_right(spans, (start, float("inf"))) - 1
         while i >= 0 and spans[i][1] < e.time_range.end:
             i -= 1
-        counts[spans[i][2] if i >= 0 else "(no Python frame: autograd engine thread)"] += 1
+        counts[spans[i][2] if i >= 0 else "(no Python frame)"] += 1
     return sorted(counts.items(), key=lambda kv: -kv[1])
 
 
