@@ -30,8 +30,18 @@ def interpreter_enabled() -> bool:
 # - backward 1 query: bf16 46.3 / 82.2 / 563 with 16 points (2 queries: 52.5
 #   / 93.8 / 607); fp32 69.9 / 128 / 855 with 8 points per chunk (16: 73.2 /
 #   132 / 872).
+# Re-measured after the kernels lost their integer divisions and int64
+# indices (session 3, benchmarks/NOTES.md): forward bf16 2 x 1 x 16 16.5 /
+# 27.8 / 179, fp32 20.5 / 37.8 / 242; backward bf16 1 x 1 x 16 45.7 / 81.3 /
+# 560.
 _TILES = {("fwd", 4): (2, 1, 16), ("fwd", 2): (2, 1, 16),
           ("bwd", 4): (1, 1, 8), ("bwd", 2): (1, 1, 16)}
+# The 2-query forward wins on large grids (encoder, 356k (batch, query, head)
+# rows: bf16 179 against 224 us with 1 query), but a decoder is latency-bound
+# and gains from more, smaller programs (9.6k rows: 15.6 against 16.5 us;
+# 28.8k rows: 27.5 against 27.8): below this many rows the forward takes one
+# query per program.
+_FWD_FEW_ROWS = 1 << 16
 _tile_override: dict = {}
 
 
@@ -55,9 +65,13 @@ def _next_pow2(n: int) -> int:
     return 1 << (n - 1).bit_length()
 
 
-def _tile(kernel: str, value: torch.Tensor, points: int) -> dict:
+def _tile(kernel: str, value: torch.Tensor, points: int, rows: int) -> dict:
+    """Launch constants for ``points`` = L * K sampling points per query and
+    ``rows`` = B * Q * M (query, head) pairs."""
     block_q, num_warps, *block_p = _tile_override.get(
         kernel, _TILES[kernel, min(value.element_size(), 4)])
+    if kernel == "fwd" and kernel not in _tile_override and rows < _FWD_FEW_ROWS:
+        block_q = 1
     block_p = min(_next_pow2(points), *block_p or [16])
     block_d = _next_pow2(value.shape[-1])
     # A wider head first takes queries off the tile (the registers of the
@@ -109,7 +123,7 @@ def msda_forward(value, spatial_shapes, level_start_index, sampling_locations,
     B, S, M, D = value.shape
     _, Q, _, L, K, _ = sampling_locations.shape
     out = value.new_empty(B, Q, M, D)
-    tile = _tile("fwd", value, L * K)
+    tile = _tile("fwd", value, L * K, B * Q * M)
     with _device_guard(value):
         msda_fwd_kernel[_grid(value, Q, tile["BLOCK_Q"])](
             value, spatial_shapes, level_start_index, sampling_locations, attention_weights, out,
@@ -136,7 +150,7 @@ def msda_backward(grad_output, value, spatial_shapes, level_start_index, samplin
     accum_dtype = torch.float32 if fp32_grad_accum else value.dtype
     grad_value = torch.zeros(value.shape, dtype=accum_dtype, device=value.device)
     go = grad_output.unflatten(-1, (M, D))  # a view for any strides
-    tile = _tile("bwd", value, L * K)
+    tile = _tile("bwd", value, L * K, B * Q * M)
     with _device_guard(value):
         msda_bwd_kernel[_grid(value, Q, tile["BLOCK_Q"])](
             go, value, spatial_shapes, level_start_index, sampling_locations, attention_weights,

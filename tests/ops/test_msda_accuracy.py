@@ -61,9 +61,22 @@ def test_locations_stay_fp32_with_bf16_value(device):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("Q", [1, 17, 33])
-def test_query_count_not_multiple_of_tile(device, Q):
+# The default tiles, then the multi-query forward that large grids get
+# (launch._FWD_FEW_ROWS) and a backward of 2 queries x 8-point chunks.
+@pytest.mark.parametrize("tiles", [{}, dict(fwd=(2, 1, 16), bwd=(2, 1, 8))], ids=["auto", "2q"])
+def test_query_count_not_multiple_of_tile(device, Q, tiles):
+    from msda_mm.ops import launch
     args, seed = make_inputs(Q=Q)
-    assert_close_to_reference(args, device, seed)
+    with launch.tile_override(**tiles):
+        assert_close_to_reference(args, device, seed)
+
+
+def test_forward_takes_one_query_per_program_only_on_small_grids():
+    from msda_mm.ops import launch
+    value = torch.empty(2, 100, 8, 32, dtype=torch.bfloat16, device="meta")
+    assert launch._tile("fwd", value, 16, rows=4 * 300 * 8)["BLOCK_Q"] == 1
+    assert launch._tile("fwd", value, 16, rows=2 * 22223 * 8)["BLOCK_Q"] == 2
+    assert launch._tile("bwd", value, 16, rows=4 * 300 * 8)["BLOCK_Q"] == 1
 
 
 @pytest.mark.parametrize("device", DEVICES)
