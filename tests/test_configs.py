@@ -49,3 +49,9 @@ def test_bf16_config_is_its_fp32_twin_plus_amp(name):
     assert (amp.pop("type"), amp.pop("dtype"), plain.pop("type")) == \
         ("AmpOptimWrapper", "bfloat16", "OptimWrapper")
     assert amp == plain
+
+
+def test_fused_adamw_config_is_dino_bf16_plus_fused():
+    fused, base = _load("dino_bf16_fused_adamw.py").to_dict(), _load("dino_bf16.py").to_dict()
+    assert fused["optim_wrapper"]["optimizer"].pop("fused") is True
+    assert fused == base
