@@ -17,13 +17,14 @@ import pytest
 TOOL = Path(__file__).resolve().parents[1] / "tools" / "compile_check.py"
 
 
-def _compile_check(out: Path, *args: str) -> list:
-    """The bf16 backward rows of ``tools/compile_check.py args``.
+def _compile_check(out: Path, *args: str, kernel: str = "bwd", dtypes=("bf16",)) -> list:
+    """The rows of ``tools/compile_check.py args`` for one kernel (default:
+    the bf16 backward).
 
     A subprocess, because conftest.py turned the interpreter on in this
     process, and interpreted kernels cannot be compiled."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    run = subprocess.run([sys.executable, str(TOOL), "--dtypes", "bf16", "--kernels", "bwd",
+    run = subprocess.run([sys.executable, str(TOOL), "--dtypes", *dtypes, "--kernels", kernel,
                           *args, "--json", str(out)],
                          env=env, capture_output=True, text=True, timeout=600)
     print(run.stdout)  # the table, shown with -s or on failure
@@ -78,4 +79,17 @@ def test_wide_heads_do_not_spill(tmp_path):
     # corner values and spilled (14 registers native, 236 with fp32
     # accumulation); launch._tile adds warps instead.
     for row in _compile_check(tmp_path / "rows.json", "--archs", "90", "--head-dims", "256"):
+        assert row["spill_stores"] == 0 and row["spill_loads"] == 0, row
+
+
+def test_pairs_forward_reads_16_byte_words_without_spills(tmp_path):
+    # msda_fwd_pairs_kernel (large fp16/bf16 grids) reads value as int32
+    # words of two channels: at D = 32 each corner row must still be one
+    # 16-byte load per thread, on both archs.
+    rows = _compile_check(tmp_path / "rows.json", "--archs", "80", "90", "--head-dims", "32",
+                          kernel="fwd_pairs", dtypes=("bf16", "fp16"))
+    assert len(rows) == 4
+    for row in rows:
+        assert row["error"] is None, row
+        assert row["sass_loads"].get("LDG.E.128", 0) == 64, row  # 16 points x 4 corners
         assert row["spill_stores"] == 0 and row["spill_loads"] == 0, row

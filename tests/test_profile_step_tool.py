@@ -139,3 +139,11 @@ def test_summary_of_device_and_host_events():
     with pytest.raises(ValueError, match="record_function"):
         summarise([e for e in events if e.device_type != DeviceType.CPU or e.name != STEP],
                   iters=2)
+
+
+def test_every_msda_kernel_counts_as_msda():
+    from msda_mm.e2e.profiling import MSDA_KERNEL
+    for name in ("msda_fwd_kernel", "msda_fwd_pairs_kernel", "msda_bwd_kernel",
+                 "ms_deformable_im2col_gpu_kernel"):
+        assert MSDA_KERNEL.search(name), name
+    assert not MSDA_KERNEL.search("msda_mm::train_step")

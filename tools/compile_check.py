@@ -69,7 +69,9 @@ def main(argv=None) -> int:
     print(f"triton {rows[0]['triton']}, {len(rows)} variants")
     print_table("backward: grad_value atomics", [r for r in rows if r["kernel"] == "bwd"],
                 BWD_COLUMNS)
-    print_table("forward: global loads", [r for r in rows if r["kernel"] == "fwd"], FWD_COLUMNS)
+    for kernel in ("fwd", "fwd_pairs"):
+        print_table(f"{kernel}: global loads", [r for r in rows if r["kernel"] == kernel],
+                    FWD_COLUMNS)
     failed = [r for r in rows if r["error"]]
     for r in failed:
         print(f"\nFAILED {r['kernel']} sm_{r['arch']} {r['dtype']} D={r['head_dim']} {r['accum']}:"

@@ -18,9 +18,9 @@ from torch.autograd import DeviceType
 
 STEP = "msda_mm::train_step"
 
-# Kernels of msda_mm (msda_fwd_kernel, msda_bwd_kernel) and of mmcv
-# (ms_deformable_im2col_gpu_kernel, ...).
-MSDA_KERNEL = re.compile(r"msda_(fwd|bwd)_kernel|ms_deform", re.IGNORECASE)
+# Kernels of msda_mm (msda_fwd_kernel, msda_fwd_pairs_kernel, msda_bwd_kernel)
+# and of mmcv (ms_deformable_im2col_gpu_kernel, ...).
+MSDA_KERNEL = re.compile(r"msda_(fwd|bwd)\w*_kernel|ms_deform", re.IGNORECASE)
 
 # Host events that wait for the device, or stand for such a wait on CUDA
 # (counted on the CPU too: each is a stall once the model runs on a GPU).

@@ -33,12 +33,14 @@ from . import launch
 from .msda import resolve_fp32_grad_accum
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
-KERNELS = ("fwd", "bwd")
+KERNELS = ("fwd", "fwd_pairs", "bwd")
 
 # The mmdet default call (Deformable DETR decoder on a COCO image, D = 32,
 # L = K = 4); a variant only swaps the head dim.  Only the strides and the
-# constexprs derived from it reach the compiler.
+# constexprs derived from it reach the compiler.  fwd_pairs, the forward of
+# large 16-bit grids, compiles the encoder's call.
 SHAPE = PRESETS["decoder"]
+PAIRS_SHAPE = PRESETS["encoder"]
 
 # Anchored at the opcode so operands, labels and comments never match;
 # Triton's inline asm puts a predicate (@%p1 / @!%p1) in front.
@@ -55,7 +57,7 @@ _SASS_REGS = re.compile(r"\bREG:(\d+)")
 
 @dataclasses.dataclass(frozen=True)
 class Variant:
-    kernel: str  # "fwd" or "bwd"
+    kernel: str  # a KERNELS name
     arch: int  # compute capability x 10: 80, 90
     dtype: str  # value's dtype, a key of DTYPES
     head_dim: int
@@ -68,6 +70,10 @@ class Variant:
             return "-"
         mode = "fp32" if self.fp32_accum else "native"
         return f"{mode} ({'auto' if self.auto else 'forced'})"
+
+    @property
+    def shape(self):
+        return PAIRS_SHAPE if self.kernel == "fwd_pairs" else SHAPE
 
 
 def auto_fp32_accum(dtype: str, arch: int) -> bool:
@@ -88,6 +94,8 @@ def variants(archs, dtypes, head_dims, kernels=KERNELS) -> list[Variant]:
             for d in head_dims:
                 if "fwd" in kernels:
                     out.append(Variant("fwd", arch, dtype, d))
+                if "fwd_pairs" in kernels and dtype != "fp32":
+                    out.append(Variant("fwd_pairs", arch, dtype, d))
                 if "bwd" in kernels:
                     auto = auto_fp32_accum(dtype, arch)
                     out.append(Variant("bwd", arch, dtype, d, auto, True))
@@ -114,8 +122,9 @@ class _Recorder:
 def _recorded_launch(v: Variant):
     """(kernel, args, kwargs) as launch.py passes them for this variant:
     its tile choice, num_warps, argument order and contiguous strides."""
-    B, S, Q, M = SHAPE.batch, SHAPE.num_values, SHAPE.num_queries, SHAPE.heads
-    L, K, D = len(SHAPE.levels), SHAPE.points, v.head_dim
+    shape = v.shape
+    B, S, Q, M = shape.batch, shape.num_values, shape.num_queries, shape.heads
+    L, K, D = len(shape.levels), shape.points, v.head_dim
 
     def empty(*shape, dtype=DTYPES[v.dtype]):
         return torch.empty(shape, dtype=dtype, device="meta")
@@ -125,7 +134,7 @@ def _recorded_launch(v: Variant):
     name = f"msda_{v.kernel}_kernel"
     recorder = _Recorder(getattr(launch, name))
     with mock.patch.object(launch, name, recorder):
-        if v.kernel == "fwd":
+        if v.kernel.startswith("fwd"):
             launch.msda_forward(*inputs)
         else:
             launch.msda_backward(empty(B, Q, M * D), *inputs, v.fp32_accum)

@@ -1,8 +1,10 @@
 """Triton kernels for Multi-Scale Deformable Attention.
 
-One program owns BLOCK_Q queries of one (batch, head) pair, all their
-sampling points (in chunks of BLOCK_P) and the whole head dimension: a
-[BLOCK_Q, BLOCK_P, BLOCK_D] tile.  Every sampled corner is a contiguous row
+msda_fwd_kernel and msda_bwd_kernel: one program owns BLOCK_Q queries of one
+(batch, head) pair, all their sampling points (in chunks of BLOCK_P) and the
+whole head dimension: a [BLOCK_Q, BLOCK_P, BLOCK_D] tile.  (The forward of
+large fp16/bf16 grids is msda_fwd_pairs_kernel, a [BLOCK_Q, BLOCK_D] tile
+looping over the points; see there.)  Every sampled corner is a contiguous row
 of D values, so the gathers (forward) and the scattered atomic adds
 (backward) are row-vectorised along D, and the BLOCK_Q * BLOCK_P samples of
 a chunk are independent, so all their loads are in flight at once.  (The
@@ -203,6 +205,87 @@ def msda_fwd_kernel(
     o_ptrs = _row_ptrs(_head_base(out_ptr, b, m, stride_ob, stride_om), q, stride_oq,
                        offs_d, stride_od)
     tl.store(o_ptrs, acc.to(out_ptr.dtype.element_ty), mask=qmask[:, None] & dmask[None, :])
+
+
+@triton.jit
+def _acc_pair_rows(acc_lo, acc_hi, ptrs, mask, c, HALF: tl.constexpr):
+    """acc_lo/acc_hi [BLOCK_Q, BLOCK_D // 2] += c[:, None] * the even / odd
+    channels of the rows at ``ptrs``, read as int32 words of two HALF values
+    (zeros where ``mask``, [BLOCK_Q, BLOCK_D // 2], is off)."""
+    raw = tl.load(ptrs, mask=mask, other=0)
+    if HALF == tl.bfloat16:
+        # A bf16 is the high half of an fp32: one shift or one and per value,
+        # where a bf16 -> fp32 conversion took 1.5 instructions on sm_90.
+        lo = (raw << 16).to(tl.float32, bitcast=True)
+        hi = (raw & -65536).to(tl.float32, bitcast=True)
+    else:
+        lo = raw.to(tl.int16).to(HALF, bitcast=True).to(tl.float32)
+        hi = (raw >> 16).to(tl.int16).to(HALF, bitcast=True).to(tl.float32)
+    return acc_lo + c[:, None] * lo, acc_hi + c[:, None] * hi
+
+
+@triton.jit
+def msda_fwd_pairs_kernel(
+    value_ptr, shapes_ptr, starts_ptr, loc_ptr, attn_ptr, out_ptr,
+    Q, S, D: tl.constexpr,
+    stride_vb, stride_vs, stride_vm,
+    stride_lb, stride_lq, stride_lm, stride_ll, stride_lk, stride_lc,
+    stride_ab, stride_aq, stride_am, stride_al, stride_ak,
+    stride_ob, stride_oq, stride_om,
+    L: tl.constexpr, K: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    """msda_fwd_kernel for fp16/bf16 values, another tiling: a program owns a
+    [BLOCK_Q, BLOCK_D] tile of queries x channels and loops over the L * K
+    points (unrolled), so the sum over points stays in each thread's
+    registers: no shuffles and no shared-memory layout conversions.  Each
+    thread redoes the bilinear set-up of its query's samples, which pays where
+    value loads are cheap to convert: value and out are read and written as
+    int32 words of two 16-bit channels (strides in 16-bit elements, all even,
+    D even, unit channel stride).  sm_90 SASS per sample: 19.5 instructions
+    against msda_fwd_kernel's 25.8 (bf16) and 23.8 (fp16).
+    Grid: (cdiv(Q, BLOCK_Q), M, B).
+    """
+    HALF: tl.constexpr = out_ptr.dtype.element_ty
+    b, m, q, qmask, offs_j, jmask = _program_tile(Q, D // 2, BLOCK_Q, BLOCK_D // 2)
+    jm = jmask[None, :]
+    words = tl.pointer_type(tl.int32)
+    v_base = _head_base(value_ptr, b, m, stride_vb, stride_vm).to(words)
+    row = stride_vs // 2
+    loc_q = _head_base(loc_ptr, b, m, stride_lb, stride_lm) + q.to(tl.int64) * stride_lq
+    attn_q = _head_base(attn_ptr, b, m, stride_ab, stride_am) + q.to(tl.int64) * stride_aq
+    acc_lo = tl.zeros([BLOCK_Q, BLOCK_D // 2], dtype=tl.float32)
+    acc_hi = tl.zeros([BLOCK_Q, BLOCK_D // 2], dtype=tl.float32)
+    for l in tl.static_range(L):
+        H = tl.load(shapes_ptr + 2 * l).to(tl.int32)
+        W = tl.load(shapes_ptr + 2 * l + 1).to(tl.int32)
+        start = tl.load(starts_ptr + l).to(tl.int32)
+        for k in tl.static_range(K):
+            lp = loc_q + l * stride_ll + k * stride_lk
+            x = tl.load(lp, mask=qmask, other=0.0).to(tl.float32)
+            y = tl.load(lp + stride_lc, mask=qmask, other=0.0).to(tl.float32)
+            w = tl.load(attn_q + l * stride_al + k * stride_ak, mask=qmask,
+                        other=0.0).to(tl.float32)
+            i00, m00, m01, m10, m11, lx, ly = _bilinear_corners(x, y, H, W, start, S, qmask)
+            p00 = _row_ptrs(v_base, i00, row, offs_j, 1)
+            p10 = p00 + W.to(tl.int64) * row
+            hx = 1.0 - lx
+            hy = 1.0 - ly
+            # One corner at a time into the accumulators: a 16-bit version of
+            # this loop that summed the four products first took 186
+            # registers instead of 80 (bf16, sm_90).
+            acc_lo, acc_hi = _acc_pair_rows(acc_lo, acc_hi, p00, m00[:, None] & jm,
+                                            w * hy * hx, HALF)
+            acc_lo, acc_hi = _acc_pair_rows(acc_lo, acc_hi, p00 + row, m01[:, None] & jm,
+                                            w * hy * lx, HALF)
+            acc_lo, acc_hi = _acc_pair_rows(acc_lo, acc_hi, p10, m10[:, None] & jm,
+                                            w * ly * hx, HALF)
+            acc_lo, acc_hi = _acc_pair_rows(acc_lo, acc_hi, p10 + row, m11[:, None] & jm,
+                                            w * ly * lx, HALF)
+
+    lo = acc_lo.to(HALF).to(tl.int16, bitcast=True).to(tl.int32) & 65535
+    hi = acc_hi.to(HALF).to(tl.int16, bitcast=True).to(tl.int32) << 16
+    o_base = _head_base(out_ptr, b, m, stride_ob, stride_om).to(words)
+    tl.store(_row_ptrs(o_base, q, stride_oq // 2, offs_j, 1), lo | hi, mask=qmask[:, None] & jm)
 
 
 @triton.jit

@@ -8,7 +8,7 @@ import os
 import torch
 import triton.language as tl
 
-from .kernels import msda_bwd_kernel, msda_fwd_kernel
+from .kernels import msda_bwd_kernel, msda_fwd_kernel, msda_fwd_pairs_kernel
 
 
 def interpreter_enabled() -> bool:
@@ -42,15 +42,24 @@ _TILES = {("fwd", 4): (2, 1, 16), ("fwd", 2): (2, 1, 16),
 # 28.8k rows: 27.5 against 27.8): below this many rows the forward takes one
 # query per program.
 _FWD_FEW_ROWS = 1 << 16
+# msda_fwd_pairs_kernel's queries per one-warp program at D = 32 (8 x 16
+# words of two channels: each thread one 16-byte load per corner row); a
+# wider head takes queries off (see _pairs_tile).
+_PAIRS_QUERIES_D32 = 8
 _tile_override: dict = {}
 
 
 @contextlib.contextmanager
-def tile_override(fwd: tuple[int, ...] | None = None, bwd: tuple[int, ...] | None = None):
+def tile_override(fwd: tuple[int, ...] | None = None, bwd: tuple[int, ...] | None = None,
+                  pairs: tuple[int, int] | None = None):
     """Launch with other (BLOCK_Q, num_warps[, BLOCK_P]) tiles inside this
-    block: a tuning hook for the benchmark, not an API for models."""
+    block: a tuning hook for the benchmark and the tests, not an API for
+    models.  ``pairs`` (BLOCK_Q, num_warps) sends every forward that
+    msda_fwd_pairs_kernel can take to it; ``fwd`` every forward to
+    msda_fwd_kernel."""
     saved = dict(_tile_override)
-    _tile_override.update({k: v for k, v in (("fwd", fwd), ("bwd", bwd)) if v is not None})
+    _tile_override.update({k: v for k, v in (("fwd", fwd), ("bwd", bwd), ("pairs", pairs))
+                           if v is not None})
     try:
         yield
     finally:
@@ -82,6 +91,23 @@ def _tile(kernel: str, value: torch.Tensor, points: int, rows: int) -> dict:
     block_q = max(1, tuned // (block_p * block_d))
     num_warps = min(8, max(num_warps, num_warps * block_q * block_p * block_d // (2 * tuned)))
     return dict(BLOCK_Q=block_q, BLOCK_P=block_p, BLOCK_D=block_d, num_warps=num_warps)
+
+
+def _pairs_tile(value: torch.Tensor, rows: int, acc) -> dict | None:
+    """Launch constants for msda_fwd_pairs_kernel, or None where it does not
+    apply: fp16/bf16 values whose rows are whole int32 words (unit channel
+    stride, even D and strides, a 4-byte aligned start), fp32 accumulation,
+    and a grid past _FWD_FEW_ROWS rows (or a "pairs" tile_override)."""
+    if "fwd" in _tile_override or ("pairs" not in _tile_override and rows < _FWD_FEW_ROWS):
+        return None
+    if (value.dtype not in (torch.float16, torch.bfloat16) or acc is not tl.float32
+            or value.stride(3) != 1 or value.shape[3] % 2
+            or any(st % 2 for st in value.stride()[:3]) or value.data_ptr() % 4):
+        return None
+    block_d = _next_pow2(value.shape[3])
+    block_q, num_warps = _tile_override.get(
+        "pairs", (max(1, _PAIRS_QUERIES_D32 * 32 // block_d), 1))
+    return dict(BLOCK_Q=block_q, BLOCK_D=block_d, num_warps=num_warps)
 
 
 def _acc_dtype(*tensors: torch.Tensor):
@@ -123,6 +149,17 @@ def msda_forward(value, spatial_shapes, level_start_index, sampling_locations,
     B, S, M, D = value.shape
     _, Q, _, L, K, _ = sampling_locations.shape
     out = value.new_empty(B, Q, M, D)
+    acc = _acc_dtype(value, sampling_locations, attention_weights)
+    pairs = _pairs_tile(value, B * Q * M, acc)
+    if pairs is not None:
+        with _device_guard(value):
+            msda_fwd_pairs_kernel[_grid(value, Q, pairs["BLOCK_Q"])](
+                value, spatial_shapes, level_start_index, sampling_locations, attention_weights,
+                out, Q, S, D,
+                *value.stride()[:3], *sampling_locations.stride(), *attention_weights.stride(),
+                *out.stride()[:3], L=L, K=K, **pairs,
+            )
+        return out.view(B, Q, M * D)
     tile = _tile("fwd", value, L * K, B * Q * M)
     with _device_guard(value):
         msda_fwd_kernel[_grid(value, Q, tile["BLOCK_Q"])](
@@ -130,7 +167,7 @@ def msda_forward(value, spatial_shapes, level_start_index, sampling_locations,
             Q, S, D,
             *value.stride(), *sampling_locations.stride(), *attention_weights.stride(),
             *out.stride(),
-            L=L, K=K, ACC=_acc_dtype(value, sampling_locations, attention_weights), **tile,
+            L=L, K=K, ACC=acc, **tile,
         )
     return out.view(B, Q, M * D)
 
