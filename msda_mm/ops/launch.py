@@ -44,7 +44,12 @@ _TILES = {("fwd", 4): (2, 1, 16), ("fwd", 2): (2, 1, 16),
 _FWD_FEW_ROWS = 1 << 16
 # msda_fwd_pairs_kernel's queries per one-warp program at D = 32 (8 x 16
 # words of two channels: each thread one 16-byte load per corner row); a
-# wider head takes queries off (see _pairs_tile).
+# wider head takes queries off (see _pairs_tile).  Same threshold as above:
+# on the H200 (benchmarks/nvidia-h200-forward-ab.json, graph cold us) the
+# pairs kernel wins the encoder (bf16 170.9 / fp16 171.4 against 180.4 /
+# 185.2 for msda_fwd_kernel's 2-query tile; 16 queries x 2 warps 173.2,
+# 32 x 4 173.0) and loses the latency-bound decoders (decoder 19.8 against
+# 15.9, dino_decoder 30.7 against 27.5, bf16).
 _PAIRS_QUERIES_D32 = 8
 _tile_override: dict = {}
 
