@@ -53,10 +53,11 @@ def _bilinear_corners(x, y, H, W, start, S, active):
     my0 = ok & (y0 >= 0)
     my1 = ok & (y0 + 1 < H)
     # Indices are int32 (S < 2**31, checked by the launcher): 2% (bf16
-    # forward) to 6% (backward) fewer SASS instructions than int64.  Shapes that agree with value's S keep every
-    # live corner inside its level; shapes that do not (CUDA shapes, which
-    # the host cannot read without a sync) may wrap, so each corner must also
-    # lie in [0, S): one unsigned comparison, and never an access out of bounds.
+    # forward) to 6% (backward) fewer SASS instructions than int64.  Shapes
+    # that agree with value's S keep every live corner inside its level;
+    # shapes that do not (CUDA shapes, which the host cannot read without a
+    # sync) may wrap, so each corner must also lie in [0, S): one unsigned
+    # comparison, and never an access out of bounds.
     i00 = start + y0 * W + x0
     i10 = i00 + W
     m00 = my0 & mx0 & (i00.to(tl.uint32, bitcast=True) < S)
