@@ -128,7 +128,8 @@ def test_summary_of_device_and_host_events():
     # The Python frames take no self time here, so they rank last.
     assert [h["name"] for h in s["host_top"]] == [
         "aten::_local_scalar_dense", "<built-in method item of Tensor object>",
-        "cudaStreamSynchronize", "mmdet/models/losses/x.py(10): loss", "mmdet/models/losses/x.py(20): helper",
+        "cudaStreamSynchronize", "mmdet/models/losses/x.py(10): loss",
+        "mmdet/models/losses/x.py(20): helper",
         "torch/_tensor.py(5): item"]
     assert s["host_top"][0]["calls_per_iter"] == 1 and s["host_top"][0]["share_of_host"] == \
         pytest.approx(10 / 14.5)
