@@ -93,3 +93,22 @@ def test_pairs_forward_reads_16_byte_words_without_spills(tmp_path):
         assert row["error"] is None, row
         assert row["sass_loads"].get("LDG.E.128", 0) == 64, row  # 16 points x 4 corners
         assert row["spill_stores"] == 0 and row["spill_loads"] == 0, row
+
+
+def test_corner_bounds_checks_compare_unsigned():
+    # _bilinear_corners keeps wrapped int32 indices (shapes that disagree
+    # with value) in bounds only if `i.to(uint32) < S` stays an unsigned
+    # comparison after Triton's type promotion with the int32 S: one per
+    # corner of each sample chunk (the pairs forward: 16 points x 4 corners).
+    script = (
+        "from msda_mm.ops import compile_check as cc\n"
+        "for kern in ('fwd', 'fwd_pairs', 'bwd'):\n"
+        "    v = cc.variants([90], ['bf16'], [32], (kern,))[0]\n"
+        "    k = cc._compile(*cc._recorded_launch(v), 90)\n"
+        "    print(kern, k.asm['ttir'].count('arith.cmpi ult'))\n")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    run = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True,
+                         timeout=600, cwd=TOOL.parents[1])
+    assert run.returncode == 0, run.stderr
+    counts = dict(line.split() for line in run.stdout.splitlines())
+    assert counts == {"fwd": "4", "fwd_pairs": "64", "bwd": "4"}, run.stdout
