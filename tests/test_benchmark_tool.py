@@ -144,3 +144,13 @@ def test_grad_loc_error_skips_samples_on_pixel_centre_lines():
     assert _off_kinks(x).flatten().tolist() == [False, False, False]
     x.sampling_locations = torch.tensor([0.6, 0.4]).view(1, 1, 1, 1, 1, 2)
     assert _off_kinks(x).flatten().tolist() == [True]
+
+
+def test_tile_specs():
+    from msda_mm.bench.impls import tiled
+    assert tiled("msda_mm") == ("msda_mm", {})
+    assert tiled("msda_mm@2x1,1x1x16") == ("msda_mm", dict(fwd=(2, 1), bwd=(1, 1, 16)))
+    assert tiled("msda_mm@p8x1,1x1x16") == ("msda_mm", dict(pairs=(8, 1), bwd=(1, 1, 16)))
+    for bad in ("msda_mm@p8x1x2,1x1", "msda_mm@2x1", "msda_mm@ax1,1x1"):
+        with pytest.raises(ValueError, match="tile spec"):
+            tiled(bad)

@@ -112,3 +112,9 @@ def test_corner_bounds_checks_compare_unsigned():
     assert run.returncode == 0, run.stderr
     counts = dict(line.split() for line in run.stdout.splitlines())
     assert counts == {"fwd": "4", "fwd_pairs": "64", "bwd": "4"}, run.stdout
+
+
+def test_pairs_variants_only_where_the_launcher_takes_the_pairs_kernel():
+    from msda_mm.ops import compile_check as cc
+    rows = cc.variants([90], ["fp32", "bf16", "fp16"], [31, 32], ("fwd_pairs",))
+    assert [(v.dtype, v.head_dim) for v in rows] == [("bf16", 32), ("fp16", 32)]

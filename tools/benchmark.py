@@ -68,7 +68,7 @@ def parse_args(argv):
     p.add_argument("--tiles", default="",
                    help="extra msda_mm rows with other tiles, e.g. '2x1,1x1;4x4x8,4x4x8' "
                         "(forward, backward: BLOCK_Q x warps [x BLOCK_P points per chunk]; "
-                        "';' between rows)")
+                        "a forward 'p8x1' is msda_fwd_pairs_kernel's; ';' between rows)")
     args = p.parse_args(argv)
     args.impl = args.impl + tuple(f"msda_mm@{t}" for t in args.tiles.split(";") if t)
     if args.device.type == "cuda" and not torch.cuda.is_available():

@@ -61,6 +61,9 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
 
     todo = cc.variants(args.archs, args.dtypes, args.head_dims, args.kernels)
+    if not todo:
+        p.error("no kernel variant for these arguments (fwd_pairs takes fp16/bf16 and even "
+                "head dims)")
     # Compilation is single-threaded and CPU-bound; spawn, not fork, so no
     # worker inherits the parent's torch/MLIR state.
     with ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("spawn")) as pool:

@@ -37,17 +37,23 @@ def _mmcv_function():
 
 def tiled(impl: str) -> tuple[str, dict]:
     """``'msda_mm@16x4,32x8x8'`` -> ('msda_mm', tile_override kwargs): msda_mm
-    with forward tile BLOCK_Q=16/4 warps and backward BLOCK_Q=32/8 warps/
-    BLOCK_P=8 (points per chunk; default 16)."""
+    with forward tile BLOCK_Q=16/4 warps (msda_fwd_kernel) and backward
+    BLOCK_Q=32/8 warps/BLOCK_P=8 (points per chunk; default 16).  A forward
+    written ``p8x1`` is msda_fwd_pairs_kernel's BLOCK_Q x warps instead
+    (where the call can take it)."""
     base, _, spec = impl.partition("@")
     if not spec:
         return base, {}
     try:
-        fwd, bwd = (tuple(int(n) for n in part.split("x")) for part in spec.split(","))
+        fwd, bwd = spec.split(",")
+        kind = "pairs" if fwd.startswith("p") else "fwd"
+        fwd, bwd = (tuple(int(n) for n in part.split("x")) for part in (fwd.lstrip("p"), bwd))
+        if kind == "pairs" and len(fwd) != 2:
+            raise ValueError
     except ValueError:
         raise ValueError(f"tile spec {spec!r}: expected "
-                         "FWD_BQxWARPS[xBLOCK_P],BWD_BQxWARPS[xBLOCK_P]") from None
-    return base, dict(fwd=fwd, bwd=bwd)
+                         "FWD_BQxWARPS[xBLOCK_P] or pFWD_BQxWARPS, BWD_BQxWARPS[xBLOCK_P]") from None
+    return base, {kind: fwd, "bwd": bwd}
 
 
 def unavailable(impl: str, device: torch.device, dtype: torch.dtype) -> Optional[str]:

@@ -102,27 +102,30 @@ def kernel_times_us(fn: Callable[[], object], device: torch.device,
     between launches: for a 10 us kernel the event pair around a graph
     replay adds several us (graph_floor_us measures it).  Each call starts
     after a flush and a synchronisation, so the device activities split into
-    reps equal groups, each led by the flush; a call whose activities vary
-    in number raises rather than mixes them up.
+    reps groups, each led by the flush; unless every group holds the same
+    activities in the same order (a call that varies, or no CUDA profiler),
+    RuntimeError rather than a mixed-up figure.
     """
     from torch.profiler import ProfilerActivity, profile
 
     fn()  # warm-up: compilation, allocator growth
+    _synchronize(device)
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(reps):
             flush_l2(device)
             _synchronize(device)
             fn()
             _synchronize(device)
-    spans = sorted((e.start_ns(), e.duration_ns()) for e in prof.profiler.kineto_results.events()
+    spans = sorted((e.start_ns(), e.duration_ns(), e.name())
+                   for e in prof.profiler.kineto_results.events()
                    if e.device_type() == torch.autograd.DeviceType.CUDA)
-    if not spans or len(spans) % reps:
+    size = len(spans) // reps
+    groups = [spans[i * size:(i + 1) * size] for i in range(reps)]
+    if not spans or len(spans) % reps or len({tuple(n for *_, n in g) for g in groups}) > 1:
         raise RuntimeError(f"{len(spans)} device activities in {reps} calls: not one group "
                            f"per call")
-    size = len(spans) // reps
     # Drop each group's first activity: the flush.
-    per_call = [sum(d for _, d in spans[i * size + 1:(i + 1) * size]) / 1e3 for i in range(reps)]
-    return statistics.median(per_call)
+    return statistics.median(sum(d for _, d, _ in g[1:]) / 1e3 for g in groups)
 
 
 def graph_floor_us(device: torch.device, budget_ms: float) -> float:

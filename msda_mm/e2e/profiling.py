@@ -103,7 +103,8 @@ def _sync_sources(host) -> list:
     # One event per synchronisation: the ops that wait on CUDA.  Not the CUDA
     # runtime's own waits: on the H200 (torch 2.11) the profiler gave those
     # another thread id than the Python frames, so all 1002 a step came out
-    # frameless.
+    # frameless.  Waits inside other ops (.cpu(), .tolist(), explicit
+    # synchronize) count among sync_points but are attributed to no frame.
     counts: dict[str, int] = defaultdict(int)
     for e in host:
         if e.name not in ("aten::_local_scalar_dense", "aten::nonzero"):

@@ -94,7 +94,8 @@ def variants(archs, dtypes, head_dims, kernels=KERNELS) -> list[Variant]:
             for d in head_dims:
                 if "fwd" in kernels:
                     out.append(Variant("fwd", arch, dtype, d))
-                if "fwd_pairs" in kernels and dtype != "fp32":
+                # The launcher sends only even head dims to the pairs kernel.
+                if "fwd_pairs" in kernels and dtype != "fp32" and d % 2 == 0:
                     out.append(Variant("fwd_pairs", arch, dtype, d))
                 if "bwd" in kernels:
                     auto = auto_fp32_accum(dtype, arch)
@@ -138,6 +139,8 @@ def _recorded_launch(v: Variant):
             launch.msda_forward(*inputs)
         else:
             launch.msda_backward(empty(B, Q, M * D), *inputs, v.fp32_accum)
+    if recorder.call is None:
+        raise RuntimeError(f"the launcher did not pick {name} for {v}")
     return (recorder.fn, *recorder.call)
 
 

@@ -81,7 +81,7 @@ def _corner_ptrs(base, idx, stride_s, offs_d, stride_d):
 
 @triton.jit
 def _head_base(ptr, b, m, stride_b, stride_m):
-    return ptr + b.to(tl.int64) * stride_b + m * stride_m
+    return ptr + b.to(tl.int64) * stride_b + m.to(tl.int64) * stride_m
 
 
 @triton.jit

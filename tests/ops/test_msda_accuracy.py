@@ -10,19 +10,6 @@ from msda_inputs import DEVICES, assert_close_to_reference, make_inputs
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 
 
-@pytest.fixture(autouse=True, params=["auto", "pairs"])
-def forward_kernel(request):
-    """Every test twice: with the forward the launcher picks for these small
-    grids (msda_fwd_kernel), and with msda_fwd_pairs_kernel, which large
-    fp16/bf16 grids get (launch._FWD_FEW_ROWS); fp32 values keep the first."""
-    from msda_mm.ops import launch
-    if request.param == "auto":
-        yield
-        return
-    with launch.tile_override(pairs=(4, 1)):
-        yield
-
-
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("D", [4, 24, 32, 64, 71])

@@ -64,23 +64,28 @@ def test_empty_batch_or_queries(device, B, Q):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("shapes", [((4, 5), (3, 3)),  # the last level runs 3 rows past S
                                     ((4, 5), (40000, 60000))])  # y * W wraps int32
-def test_kernels_never_read_past_value_for_shapes_that_disagree(device, shapes):
+# fp32 through msda_fwd_kernel; bf16 forced through msda_fwd_pairs_kernel.
+@pytest.mark.parametrize("dtype,tiles", [(torch.float32, {}),
+                                         (torch.bfloat16, dict(pairs=(4, 1)))], ids=["", "pairs"])
+def test_kernels_never_read_past_value_for_shapes_that_disagree(device, shapes, dtype, tiles):
     # On CUDA the op cannot check spatial_shapes against value's S without a
     # sync (on CPU it raises first), so the kernels are called directly: a
     # corner past S reads zero and receives nothing, as if value were
     # zero-padded, and none is read or written out of bounds.
     from msda_mm.ops import launch
-    args, seed = make_inputs(B=1, Q=6, M=2, D=8, shapes=((4, 5), (2, 3)), K=2, lo=0.0, hi=1.0)
+    args, seed = make_inputs(B=1, Q=6, M=2, D=8, shapes=((4, 5), (2, 3)), K=2, lo=0.0, hi=1.0,
+                             dtype=dtype, loc_dtype=torch.float32, attn_dtype=torch.float32)
     S = 4 * 5 + 6  # value covers level 0 and 6 positions of level 1
     shapes_t, starts = torch.tensor(shapes), torch.tensor([0, 20])
     value, loc, attn = args["value"], args["sampling_locations"], args["attention_weights"]
-    grad_out = torch.randn(1, 6, 16)
+    grad_out = torch.randn(1, 6, 16, dtype=dtype)
     on = [t.to(device) for t in (value, shapes_t, starts, loc, attn, grad_out)]
-    out = launch.msda_forward(*on[:5])
-    grad_value = launch.msda_backward(on[5], *on[:5], True)[0]
+    with launch.tile_override(**tiles):
+        out = launch.msda_forward(*on[:5])
+        grad_value = launch.msda_backward(on[5], *on[:5], True)[0]
     assert torch.isfinite(out).all() and torch.isfinite(grad_value).all(), f"seed {seed}"
     if shapes[1][0] < 100:  # where no index wraps, the numbers of a zero-padded value
         padded = torch.zeros(1, 20 + shapes[1][0] * shapes[1][1], 2, 8)
-        padded[:, :S] = value
-        ref = msda_reference(padded, shapes_t, loc, attn, starts)
+        padded[:, :S] = value.float()
+        ref = msda_reference(padded, shapes_t, loc, attn, starts).to(dtype)
         torch.testing.assert_close(out.cpu(), ref, msg=f"seed {seed}")

@@ -1,0 +1,74 @@
+"""msda_fwd_pairs_kernel, the forward of large fp16/bf16 grids, on the small
+shapes of the other accuracy tests: forced with a tile_override, and checked
+to have run (its output and the backward's gradients against fp64 truth)."""
+import pytest
+import torch
+
+from msda_inputs import DEVICES, assert_close_to_reference, make_inputs
+from msda_mm.ops import launch
+
+HALF = [torch.float16, torch.bfloat16]
+
+
+@pytest.fixture
+def pairs_launches(monkeypatch):
+    """Every forward that can take the pairs kernel takes it (4 queries a
+    program, so the small Q here leave partial blocks); yields its launches."""
+    launches, real = [], launch.msda_fwd_pairs_kernel
+
+    class Spy:
+        def __getitem__(self, grid):
+            launches.append(grid)
+            return real[grid]
+
+    monkeypatch.setattr(launch, "msda_fwd_pairs_kernel", Spy())
+    with launch.tile_override(pairs=(4, 1)):
+        yield launches
+
+
+def _check(args, device, seed, launches):
+    assert_close_to_reference(args, device, seed)
+    assert launches, "the pairs kernel did not run"
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", HALF, ids=str)
+@pytest.mark.parametrize("D", [2, 6, 24, 32, 64])  # 6, 24: channel words past D masked
+def test_head_dims(device, dtype, D, pairs_launches):
+    args, seed = make_inputs(D=D, dtype=dtype, loc_dtype=torch.float32,
+                             attn_dtype=torch.float32)
+    _check(args, device, seed, pairs_launches)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("L,K", [(1, 1), (4, 4), (5, 8)])
+@pytest.mark.parametrize("Q", [1, 7])
+def test_levels_points_and_partial_query_blocks(device, L, K, Q, pairs_launches):
+    shapes = [(7, 5), (4, 3), (2, 2), (1, 3), (1, 1)][:L]
+    args, seed = make_inputs(B=2, Q=Q, M=2, D=8, shapes=shapes, K=K, dtype=torch.bfloat16)
+    _check(args, device, seed, pairs_launches)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("layout", ["heads_first", "channel_slice"])
+def test_strided_value(device, layout, pairs_launches):
+    args, seed = make_inputs(B=2, Q=6, M=2, D=8, dtype=torch.float16)
+    value = args["value"]
+    args["value"] = (value.transpose(1, 2).contiguous().transpose(1, 2) if layout == "heads_first"
+                     else torch.cat([value, value], dim=-1)[..., :8])
+    assert not args["value"].is_contiguous()
+    _check(args, device, seed, pairs_launches)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("shift", [0.5, 0.0], ids=["centres", "edges"])
+def test_exact_grid_points(device, shift, pairs_launches):
+    args, seed = make_inputs(B=1, Q=6, M=2, shapes=((4, 5), (2, 3)), K=2, dtype=torch.bfloat16,
+                             loc_dtype=torch.float32)
+    g = torch.Generator().manual_seed(seed)
+    loc = args["sampling_locations"]
+    for lvl, (h, w) in enumerate([(4, 5), (2, 3)]):
+        for c, n in ((0, w), (1, h)):
+            loc[..., lvl, :, c] = (torch.randint(0, n + 1, loc[..., lvl, :, c].shape,
+                                                 generator=g) + shift) / n
+    _check(args, device, seed, pairs_launches)
