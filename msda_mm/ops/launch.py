@@ -155,24 +155,21 @@ def msda_forward(value, spatial_shapes, level_start_index, sampling_locations,
     _, Q, _, L, K, _ = sampling_locations.shape
     out = value.new_empty(B, Q, M, D)
     acc = _acc_dtype(value, sampling_locations, attention_weights)
-    pairs = _pairs_tile(value, B * Q * M, acc)
-    if pairs is not None:
-        with _device_guard(value):
-            msda_fwd_pairs_kernel[_grid(value, Q, pairs["BLOCK_Q"])](
-                value, spatial_shapes, level_start_index, sampling_locations, attention_weights,
-                out, Q, S, D,
-                *value.stride()[:3], *sampling_locations.stride(), *attention_weights.stride(),
-                *out.stride()[:3], L=L, K=K, **pairs,
-            )
-        return out.view(B, Q, M * D)
-    tile = _tile("fwd", value, L * K, B * Q * M)
+    meta = _pairs_tile(value, B * Q * M, acc)
+    if meta is not None:
+        # The pairs kernel takes no channel strides (they are 1): 3 strides
+        # of value and out each, where msda_fwd_kernel takes all 4.
+        kernel, strides = msda_fwd_pairs_kernel, 3
+    else:
+        kernel, strides = msda_fwd_kernel, 4
+        meta = dict(_tile("fwd", value, L * K, B * Q * M), ACC=acc)
     with _device_guard(value):
-        msda_fwd_kernel[_grid(value, Q, tile["BLOCK_Q"])](
+        kernel[_grid(value, Q, meta["BLOCK_Q"])](
             value, spatial_shapes, level_start_index, sampling_locations, attention_weights, out,
             Q, S, D,
-            *value.stride(), *sampling_locations.stride(), *attention_weights.stride(),
-            *out.stride(),
-            L=L, K=K, ACC=acc, **tile,
+            *value.stride()[:strides], *sampling_locations.stride(),
+            *attention_weights.stride(), *out.stride()[:strides],
+            L=L, K=K, **meta,
         )
     return out.view(B, Q, M * D)
 
