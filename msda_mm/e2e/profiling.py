@@ -26,6 +26,8 @@ MSDA_KERNEL = re.compile(r"msda_(fwd|bwd)\w*_kernel|ms_deform", re.IGNORECASE)
 # (counted on the CPU too: each is a stall once the model runs on a GPU).
 _CUDA_WAITS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize",
                "cudaMemcpy")
+# The ops that wait: one event per synchronisation, on the Python thread.
+_WAITING_OPS = ("aten::_local_scalar_dense", "aten::nonzero")
 SYNC_EVENTS = ("aten::_local_scalar_dense", "aten::item", "aten::nonzero") + _CUDA_WAITS
 
 TOP_HOST = 15
@@ -107,7 +109,7 @@ def _sync_sources(host) -> list:
     # synchronize) count among sync_points but are attributed to no frame.
     counts: dict[str, int] = defaultdict(int)
     for e in host:
-        if e.name not in ("aten::_local_scalar_dense", "aten::nonzero"):
+        if e.name not in _WAITING_OPS:
             continue
         spans, start = frames.get(e.thread, []), e.time_range.start
         i = bisect.bisect_right(spans, (start, float("inf"))) - 1
