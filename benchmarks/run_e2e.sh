@@ -3,7 +3,7 @@
 # is killed at 600 s, so every step runs under a deadline and the results are
 # packed before it).
 #
-#   bash benchmarks/run_e2e.sh {train|profile|seeds} OUT
+#   bash benchmarks/run_e2e.sh {train|profile|seeds|ddp} OUT
 #
 # train:   DINO R50 on synthetic data in bf16 (then tools/parity.py eval of its
 #          checkpoint) and its fp32 twin, the same schedule; then, in the time
@@ -16,6 +16,13 @@
 # seeds:   the synthetic R50 training of `train`, bf16 and fp32, once per seed
 #          of E2E_SEEDS (default "0 1"), all runs at once (round-robin over
 #          the GPUs; on one GPU they share it): AP against seed-to-seed noise.
+# ddp:     (2 GPUs) the multi-GPU op test; the synthetic bf16 training through
+#          tools/dist_train.sh on 2 GPUs (2 x 4 images a step), then the same
+#          schedule on one GPU (8 images a step) once per GPU, seeds 0 and 1
+#          (the seed-to-seed noise to judge the 2-GPU run by); the 2-GPU run's
+#          checkpoint tested through tools/dist_test.sh on 2 GPUs and through
+#          tools/test.py on one (the same AP if the ranks' results are
+#          gathered); tools/compare_runs.py of the three trainings.
 # Two lanes of steps, one per GPU (CUDA_VISIBLE_DEVICES, else nvidia-smi);
 # with one GPU they run one after the other.  Writes OUT/PART.log (each step's
 # exit code, seconds and command, then the headline numbers) and
@@ -29,7 +36,7 @@ set -uo pipefail  # no -e: a failed step is recorded and the others still run
 
 PART=${1:-}
 OUT=${2:-}
-[[ $PART =~ ^(train|profile|seeds)$ && -n $OUT ]] || { echo "usage: $0 {train|profile|seeds} OUT" >&2; exit 2; }
+[[ $PART =~ ^(train|profile|seeds|ddp)$ && -n $OUT ]] || { echo "usage: $0 {train|profile|seeds|ddp} OUT" >&2; exit 2; }
 mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd) && cd "$(dirname "$0")/.." || exit 2
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 END=$((SECONDS + ${E2E_BUDGET_S:-530}))  # SECONDS counts on in the lanes' subshells
@@ -63,13 +70,17 @@ TRAIN_OPTS+=(train_cfg.max_epochs="$EPOCHS" train_cfg.val_interval=$(((EPOCHS + 
 FP32_ACCUM=(model.encoder.layer_cfg.self_attn_cfg.fp32_grad_accum=True
             model.decoder.layer_cfg.cross_attn_cfg.fp32_grad_accum=True)
 
-rm -rf "$RES" && mkdir -p "$RES/logs" && : > "$SUMMARY"
 if [[ -n ${CUDA_VISIBLE_DEVICES:-} ]]; then
     IFS=, read -ra GPUS <<< "$CUDA_VISIBLE_DEVICES"
 else
     mapfile -t GPUS < <(nvidia-smi --query-gpu=index --format=csv,noheader 2>/dev/null ||
                         python3 -c 'import torch; [print(i) for i in range(torch.cuda.device_count())]')
 fi
+if [[ $PART == ddp ]] && ((${#GPUS[@]} < 2)); then
+    echo "$0: the ddp part needs 2 GPUs, found ${#GPUS[@]}" >&2
+    exit 2
+fi
+rm -rf "$RES" && mkdir -p "$RES/logs" && : > "$SUMMARY"
 { echo "# $PART, $(date -u +%FT%TZ), GPUs: ${GPUS[*]:-none}, smoke: ${E2E_SMOKE:-0}, epochs: $EPOCHS"
   nvidia-smi -L 2>/dev/null; } >> "$SUMMARY"
 
@@ -169,6 +180,27 @@ seed_runs() {
     wait
 }
 
+# ddp_runs: the 2-GPU training, its one-GPU twins and the tests of its
+# checkpoint (see the header).
+single_seed0() { single_run 0; }
+single_seed1() { single_run 1; }
+single_run() {
+    step "single_seed$1" 110 python3 tools/train.py "$SYN_BF16" --work-dir "$RES/single_seed$1" \
+        --cfg-options "${TRAIN_OPTS[@]}" randomness.seed="$1"
+}
+ddp_runs() {
+    local ckpt
+    PYTHON=python3 step ddp_train 280 bash tools/dist_train.sh "$SYN_BF16" 2 \
+        --work-dir "$RES/ddp_2gpu" --cfg-options "${TRAIN_OPTS[@]}" train_dataloader.batch_size=4
+    lanes single_seed0 single_seed1
+    ckpt=$(cat "$RES/ddp_2gpu/last_checkpoint" 2>/dev/null) || { echo "tests: no checkpoint" >> "$SUMMARY"; return; }
+    PYTHON=python3 step test_2gpu 60 bash tools/dist_test.sh "$SYN_BF16" "$ckpt" 2 --work-dir "$RES/test_2gpu"
+    step test_1gpu 0 python3 tools/test.py "$SYN_BF16" "$ckpt" --work-dir "$RES/test_1gpu"
+    step compare_runs 0 python3 tools/compare_runs.py single_seed0="$RES/single_seed0" \
+        ddp_2gpu="$RES/ddp_2gpu" single_seed1="$RES/single_seed1" --out "$RES/compare" \
+        --title "DINO R50 synthetic bf16: 2 GPUs x 4 images vs 1 GPU x 8"
+}
+
 if [[ $PART == train ]]; then
     step prepare_data 0 python3 - "${SIZE[0]}x${SIZE[1]}" "$SYN_BF16" <<< "$PREPARE_DATA"
     lanes train_bf16 train_fp32
@@ -177,6 +209,11 @@ elif [[ $PART == seeds ]]; then
     step prepare_data 0 python3 - "$SYN_BF16" <<< "$PREPARE_DATA"
     seed_runs
     headline='bbox_mAP_copypaste'
+elif [[ $PART == ddp ]]; then
+    step prepare_data 0 python3 - "$SYN_BF16" <<< "$PREPARE_DATA"
+    step multigpu_test 0 python3 -m pytest -q -rs -m multigpu tests/ops/test_msda_gpu.py
+    ddp_runs
+    headline='bbox_mAP_copypaste|[0-9]+ (passed|failed|skipped)|vs single_seed0'
 else
     step prepare_data 0 python3 - "${SIZE[0]}x${SIZE[1]}" "$SYN_BF16" <<< "$PREPARE_DATA"
     lanes profile_fp32 profile_bf16
@@ -186,7 +223,7 @@ fi
 # training log line per run: its time: field is the seconds per iteration.
 { echo "# results"
   grep -H -E "$headline" "$RES"/logs/*.log
-  for log in "$RES"/logs/train_*.log; do
+  for log in "$RES"/logs/{*train*,single_*}.log; do
       grep -H -o 'Epoch(train).*\]\[[0-9/]*\].* data_time: [0-9.]*' "$log" | tail -n 1
   done
 } 2>/dev/null | sed "s|$RES/logs/||" >> "$SUMMARY"

@@ -44,3 +44,12 @@ def test_seeds_part_trains_both_precisions_per_seed(tmp_path):
     assert all(" rc=0 " in line for line in steps.values()), summary
     assert "randomness.seed=3" in steps["train_fp32_seed3"], summary
     assert summary.count("bbox_mAP_copypaste") == 4, summary  # 2 evaluations a run
+
+
+def test_ddp_part_needs_two_gpus(tmp_path):
+    env = dict(os.environ, E2E_SMOKE="1", CUDA_VISIBLE_DEVICES="0")
+    run = subprocess.run(["bash", str(SCRIPT), "ddp", str(tmp_path)], env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 2
+    assert "needs 2 GPUs, found 1" in run.stderr
+    assert not (tmp_path / "ddp.log").exists()

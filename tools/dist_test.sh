@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Multi-GPU evaluation: one process per GPU through torchrun, each running
+# tools/test.py with --launcher pytorch; the metric gathers every rank's
+# predictions and scores the whole test set once.
+#
+#   tools/dist_test.sh CONFIG CHECKPOINT GPUS [tools/test.py arguments ...]
+#
+# Environment: see tools/dist_launch.sh.
+set -euo pipefail
+USAGE="CONFIG CHECKPOINT GPUS [tools/test.py arguments ...]"
+EXAMPLE="configs/dino_bf16.py work_dirs/dino/epoch_12.pth 8"
+source "$(dirname "$0")/dist_launch.sh"
+
+[[ $# -ge 3 ]] || usage
+check_config_and_gpus "$1" "$3"
+[[ -f $2 ]] || { echo "$0: no such checkpoint: $2" >&2; usage; }
+torchrun "$3" test.py "$1" "$2" "${@:4}"
