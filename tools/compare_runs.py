@@ -68,10 +68,9 @@ def main(argv=None) -> int:
     plot_loss_curves(
         {name: ([r[0] for r in run["loss_records"]], [r[1] for r in run["loss_records"]])
          for name, run in runs.items()},
-        {f"{name} vs {base_name}": ([w["iters"][1] for w in c["loss_rel_diff"]],
-                                    [w["rel_diff"] for w in c["loss_rel_diff"]])
+        {name: ([w["iters"][1] for w in c["loss_rel_diff"]], [w["rel_diff"] for w in c["loss_rel_diff"]])
          for name, c in comparisons.items()},
-        args.out / "runs_loss.png", args.title)
+        base_name, args.out / "runs_loss.png", args.title)
 
     print(f"{'run':<16} {'iters':>6} {'s/iter':>8} {'MiB':>7} {'last loss':>9}  "
           f"{'AP':>5} {'AP50':>5}  (last {args.window}-iteration window)")

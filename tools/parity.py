@@ -204,8 +204,8 @@ def train(args: argparse.Namespace) -> int:
                             for op in OPS})
     write_json(args.out / "parity_train.json", report, device)
     iters = range(1, args.iters + 1)
-    plot_loss_curves({op: (iters, losses[op]) for op in OPS}, {"triton vs mmcv": (iters, rel_diff)},
-                     args.out / "parity_train.png",
+    plot_loss_curves({op: (iters, losses[op]) for op in OPS}, {"triton": (iters, rel_diff)},
+                     "mmcv", args.out / "parity_train.png",
                      f"{osp.basename(args.config)}: triton vs mmcv, seed {args.seed}")
     print(f"\nParity train of {args.config}, {args.iters} iterations, seed {args.seed}")
     for op in OPS:

@@ -12,30 +12,31 @@ from matplotlib.ticker import MaxNLocator
 Series = tuple[Sequence[float], Sequence[float]]  # (iterations, values)
 
 
-def plot_loss_curves(losses: dict[str, Series], rel_diff: dict[str, Series], path: Path,
-                     title: str) -> None:
-    """Top: total loss against iteration, one line per run.  Bottom: each
-    series of ``rel_diff`` (a run's relative difference to a baseline; log
-    scale of its magnitude; zero or infinite points are left out)."""
+def plot_loss_curves(losses: dict[str, Series], rel_diff: dict[str, Series], baseline: str,
+                     path: Path, title: str) -> None:
+    """Top: total loss against iteration, one line per run of ``losses``.
+    Bottom: for each run named in ``rel_diff``, its relative difference to
+    the run ``baseline``, in the run's colour (log scale of the magnitude;
+    zero or infinite points are left out)."""
     fig = Figure(figsize=(8, 7))
     top, bottom = fig.subplots(2, 1, sharex=True, height_ratios=(2, 1))
+    colours = {name: f"C{i}" for i, name in enumerate(losses)}
     for name, (x, y) in losses.items():
-        top.plot(x, y, label=name, marker="." if len(x) <= 200 else None)
+        top.plot(x, y, label=name, color=colours[name], marker="." if len(x) <= 200 else None)
     top.set_ylabel("total loss")
     top.set_title(title)
     top.legend()
     top.grid(alpha=0.3)
     drawn = 0
-    for colour, (name, (x, d)) in enumerate(rel_diff.items(), start=3):
+    for name, (x, d) in rel_diff.items():
         shown = [(i, abs(v)) for i, v in zip(x, d) if v and math.isfinite(v)]
         # Markers only: a point left out is no point to draw a line through.
         bottom.plot([i for i, _ in shown], [v for _, v in shown], "o", markersize=3,
-                    color=f"C{colour}", label=name)
+                    color=colours[name], label=f"{name} vs {baseline}")
         drawn += len(shown)
     if drawn:
         bottom.set_yscale("log")
-        if len(rel_diff) > 1:
-            bottom.legend()
+        bottom.legend()
     elif all(v == 0 for _, d in rel_diff.values() for v in d):
         bottom.text(0.5, 0.5, "the same total loss at every iteration", ha="center",
                     va="center", transform=bottom.transAxes)
