@@ -55,3 +55,15 @@ def test_fused_adamw_config_is_dino_bf16_plus_fused():
     fused, base = _load("dino_bf16_fused_adamw.py").to_dict(), _load("dino_bf16.py").to_dict()
     assert fused["optim_wrapper"]["optimizer"].pop("fused") is True
     assert fused == base
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_learned_bn_statistics_are_synced_across_ranks(name):
+    # Under DDP each rank updates its own BN buffers; a config whose backbone
+    # learns them must average them (SyncBuffersHook) or its validation and
+    # checkpoint depend on the rank.
+    cfg = _load(name)
+    backbone = cfg.model.backbone
+    learns_bn = backbone.norm_cfg.get("type") == "BN" and not backbone.get("norm_eval", True)
+    hooks = {h["type"] for h in cfg.get("custom_hooks", [])}
+    assert ("SyncBuffersHook" in hooks) == learns_bn, (name, learns_bn, hooks)

@@ -60,6 +60,13 @@ param_scheduler = [
          gamma=0.1)
 ]
 default_hooks = dict(checkpoint=dict(interval=3, max_keep_ckpts=2))
+# BN learns its statistics here (above), and under DDP each rank keeps its
+# own: average them over the ranks after each epoch, before validation and
+# checkpoint (a no-op on one GPU).  Without it, a 2-GPU run's in-training
+# validation scored each rank's half of the images with that rank's
+# statistics: AP 0.2 / AP50 1.1 where its checkpoint, tested on one GPU or
+# two, gave 0.3 / 1.3 (benchmarks/e2e/ddp).
+custom_hooks = [dict(type='SyncBuffersHook')]
 # A fixed seed: runs this short from scratch are at the very start of
 # learning, where seed-to-seed differences swamp any precision effect
 # (benchmarks/e2e/README.md), so bf16 and fp32 start from the same weights.
