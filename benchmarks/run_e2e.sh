@@ -13,9 +13,11 @@
 # profile: tools/profile_step.py of the COCO configs at 800 x 1333, batch 2 and
 #          8, fp32 and bf16; tools/parity.py train in bf16, native grad_value
 #          atomics and forced fp32 accumulation (the pre-Hopper path).
-# seeds:   the synthetic R50 training of `train`, bf16 and fp32, once per seed
-#          of E2E_SEEDS (default "0 1"), all runs at once (round-robin over
-#          the GPUs; on one GPU they share it): AP against seed-to-seed noise.
+# seeds:   the synthetic R50 training of `train` once per variant of
+#          E2E_VARIANTS (default "bf16 fp32"; also bf16_fp32accum: bf16 with
+#          fp32 grad_value accumulation, the pre-Hopper path) and seed of
+#          E2E_SEEDS (default "0 1"), all runs at once (round-robin over the
+#          GPUs; on one GPU they share it): AP against seed-to-seed noise.
 # ddp:     (2 GPUs) the multi-GPU op test; the synthetic bf16 training through
 #          tools/dist_train.sh on 2 GPUs (2 x 4 images a step), then the same
 #          schedule on one GPU (8 images a step) once per GPU, seeds 0 and 1
@@ -76,6 +78,11 @@ else
     mapfile -t GPUS < <(nvidia-smi --query-gpu=index --format=csv,noheader 2>/dev/null ||
                         python3 -c 'import torch; [print(i) for i in range(torch.cuda.device_count())]')
 fi
+VARIANTS=${E2E_VARIANTS:-bf16 fp32}
+for variant in $VARIANTS; do
+    [[ $variant =~ ^(bf16|fp32|bf16_fp32accum)$ ]] ||
+        { echo "$0: E2E_VARIANTS: unknown variant '$variant' (bf16, fp32, bf16_fp32accum)" >&2; exit 2; }
+done
 if [[ $PART == ddp ]] && ((${#GPUS[@]} < 2)); then
     echo "$0: the ddp part needs 2 GPUs, found ${#GPUS[@]}" >&2
     exit 2
@@ -163,18 +170,19 @@ profile_lane() {
 profile_fp32() { profile_lane "$COCO_FP32" fp32 native; }
 profile_bf16() { profile_lane "$COCO_BF16" bf16 fp32accum "${FP32_ACCUM[@]}"; }
 
-# seed_runs: every (precision, seed) training at once, GPUs round-robin.
+# seed_runs: every (variant, seed) training at once, GPUs round-robin.
 seed_runs() {
-    local i=0 seed precision gpu
+    local i=0 seed variant gpu cfg extra
     for seed in ${E2E_SEEDS:-0 1}; do
-        for precision in bf16 fp32; do
+        for variant in $VARIANTS; do
             gpu=${GPUS[i++ % (${#GPUS[@]} > 0 ? ${#GPUS[@]} : 1)]:-}
-            local cfg=$SYN_BF16
-            [[ $precision == fp32 ]] && cfg=$SYN_FP32
+            cfg=$SYN_BF16 extra=()
+            [[ $variant == fp32 ]] && cfg=$SYN_FP32
+            [[ $variant == bf16_fp32accum ]] && extra=("${FP32_ACCUM[@]}")
             # Two loader workers each: the runs share the host's cores.
-            CUDA_VISIBLE_DEVICES=$gpu step "train_${precision}_seed$seed" 0 python3 tools/train.py \
-                "$cfg" --work-dir "$RES/syn_${precision}_seed$seed" --cfg-options "${TRAIN_OPTS[@]}" \
-                randomness.seed="$seed" train_dataloader.num_workers=2 &
+            CUDA_VISIBLE_DEVICES=$gpu step "train_${variant}_seed$seed" 0 python3 tools/train.py \
+                "$cfg" --work-dir "$RES/syn_${variant}_seed$seed" --cfg-options "${TRAIN_OPTS[@]}" \
+                randomness.seed="$seed" train_dataloader.num_workers=2 "${extra[@]}" &
         done
     done
     wait

@@ -32,18 +32,30 @@ def test_train_part_runs_every_step_and_packs_results(tmp_path):
     assert not any(n.endswith(".pth") for n in names), names
 
 
-def test_seeds_part_trains_both_precisions_per_seed(tmp_path):
-    env = dict(os.environ, E2E_SMOKE="1", CUDA_VISIBLE_DEVICES="", E2E_SEEDS="3")
+def test_seeds_part_trains_each_variant_per_seed(tmp_path):
+    env = dict(os.environ, E2E_SMOKE="1", CUDA_VISIBLE_DEVICES="", E2E_SEEDS="3",
+               E2E_VARIANTS="fp32 bf16_fp32accum")
     env.pop("TRITON_INTERPRET", None)
     run = subprocess.run(["bash", str(SCRIPT), "seeds", str(tmp_path)], env=env,
                          capture_output=True, text=True, timeout=600)
     summary = (tmp_path / "seeds.log").read_text()
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     steps = {line.split()[0]: line for line in summary.splitlines() if " rc=" in line}
-    assert set(steps) == {"prepare_data", "train_bf16_seed3", "train_fp32_seed3"}, summary
+    assert set(steps) == {"prepare_data", "train_fp32_seed3", "train_bf16_fp32accum_seed3"}, summary
     assert all(" rc=0 " in line for line in steps.values()), summary
     assert "randomness.seed=3" in steps["train_fp32_seed3"], summary
+    assert "fp32_grad_accum" not in steps["train_fp32_seed3"], summary
+    assert "self_attn_cfg.fp32_grad_accum=True" in steps["train_bf16_fp32accum_seed3"], summary
     assert summary.count("bbox_mAP_copypaste") == 4, summary  # 2 evaluations a run
+
+
+def test_unknown_variant_is_refused(tmp_path):
+    env = dict(os.environ, E2E_SMOKE="1", CUDA_VISIBLE_DEVICES="", E2E_VARIANTS="bf16 fp8")
+    run = subprocess.run(["bash", str(SCRIPT), "seeds", str(tmp_path)], env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 2
+    assert "unknown variant 'fp8'" in run.stderr
+    assert not (tmp_path / "seeds.log").exists()
 
 
 def test_ddp_part_needs_two_gpus(tmp_path):
