@@ -142,6 +142,23 @@ def test_summary_of_device_and_host_events():
                   iters=2)
 
 
+def test_waits_find_their_frames_under_another_thread_id():
+    # torch 2.11 on the H200 gave the Python frames another thread id than
+    # the ops: the waits are then placed in the main Python thread's frames
+    # (the thread with the most), not in a lone frame of some other thread.
+    events = [_event(STEP, 0, 100),
+              _event("aten::_local_scalar_dense", 10, 20),
+              _event("aten::nonzero", 40, 45),
+              _event("aten::nonzero", 70, 75),
+              _event("mmdet/models/losses/x.py(10): loss", 2, 50, thread=7),
+              _event("mmdet/models/dense_heads/h.py(3): match", 60, 80, thread=7),
+              _event("mmengine/dataset/w.py(9): worker", 5, 90, thread=8)]
+    s = summarise(events, iters=1)
+    assert s["sync_sources_per_iter"] == [
+        dict(frame="mmdet/models/losses/x.py(10): loss", per_iter=2),
+        dict(frame="mmdet/models/dense_heads/h.py(3): match", per_iter=1)]
+
+
 def test_every_msda_kernel_counts_as_msda():
     from msda_mm.e2e.profiling import MSDA_KERNEL
     for name in ("msda_fwd_kernel", "msda_fwd_pairs_kernel", "msda_bwd_kernel",

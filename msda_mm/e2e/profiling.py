@@ -41,7 +41,9 @@ _FRAME = re.compile(r"^(?P<path>[^<]*\.py)\(\d+\): ")
 _ADDRESS = re.compile(r" at 0x[0-9a-f]+")
 
 
-def _host_events_in_steps(events) -> list:
+def _host_events_in_steps(events) -> tuple[list, list]:
+    """(the host events of the threads that work for the steps, the Python
+    frames of any thread) that start inside a marked step."""
     marks = [e for e in events if e.name == STEP and e.device_type == DeviceType.CPU]
     if not marks:
         raise ValueError(f"no {STEP!r} range in the trace: mark each step with "
@@ -60,7 +62,7 @@ def _host_events_in_steps(events) -> list:
     # run its ops (autograd's).  Others, e.g. a data loader's queue feeder
     # blocked on a lock, only idle alongside it.
     working = {e.thread for e in marks} | {e.thread for e in inside if e.name.startswith("aten::")}
-    return [e for e in inside if e.thread in working]
+    return [e for e in inside if e.thread in working], [e for e in inside if _caller(e.name)]
 
 
 def _device_summary(events, iters: int) -> dict:
@@ -90,28 +92,31 @@ def _caller(frame_name: str) -> bool:
     return bool(match) and not re.match(r"(.*/)?torch/", match["path"])
 
 
-def _sync_sources(host) -> list:
+def _sync_sources(host, python_frames) -> list:
     """[(innermost non-torch Python frame, synchronisations)] over the
     ``host`` events, most first.  Python frames nest on their thread, so the
     innermost one around an event is the latest-starting frame that has not
-    ended by then; events off the Python threads (the autograd engine's) have
-    none."""
+    ended by then.  The frames of a waiting op's own thread are searched; if
+    that thread has none, those of the thread with the most frames (the main
+    Python thread): on the H200 (torch 2.11) the profiler gave the Python
+    frames another thread id than the ops, and every wait came out
+    frameless."""
     frames = defaultdict(list)
-    for e in host:
-        if _caller(e.name):
-            frames[e.thread].append((e.time_range.start, e.time_range.end, e.name))
+    for e in python_frames:
+        frames[e.thread].append((e.time_range.start, e.time_range.end, e.name))
     for spans in frames.values():
         spans.sort()
-    # One event per synchronisation: the ops that wait on CUDA.  Not the CUDA
-    # runtime's own waits: on the H200 (torch 2.11) the profiler gave those
-    # another thread id than the Python frames, so all 1002 a step came out
-    # frameless.  Waits inside other ops (.cpu(), .tolist(), explicit
-    # synchronize) count among sync_points but are attributed to no frame.
+    main = max(frames.values(), key=len, default=[])
+    # One event per synchronisation: the ops that wait on CUDA, which run on
+    # the Python thread.  Not the CUDA runtime's own waits, which the
+    # profiler gave yet another thread id there.  Waits inside other ops
+    # (.cpu(), .tolist(), explicit synchronize) count among sync_points but
+    # are attributed to no frame.
     counts: dict[str, int] = defaultdict(int)
     for e in host:
         if e.name not in _WAITING_OPS:
             continue
-        spans, start = frames.get(e.thread, []), e.time_range.start
+        spans, start = frames.get(e.thread) or main, e.time_range.start
         i = bisect.bisect_right(spans, (start, float("inf"))) - 1
         while i >= 0 and spans[i][1] < e.time_range.end:
             i -= 1
@@ -123,7 +128,7 @@ def summarise(events, iters: int) -> dict:
     """Per-step figures from the events (``prof.events()``) of ``iters``
     marked steps.  Device figures are None when no device event was traced
     (a CPU run)."""
-    host = _host_events_in_steps(events)
+    host, python_frames = _host_events_in_steps(events)
     by_name: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
     for e in host:
         row = by_name[_ADDRESS.sub("", e.name)]
@@ -141,4 +146,5 @@ def summarise(events, iters: int) -> dict:
         sync_points_per_iter={name: by_name[name][0] / iters if name in by_name else 0.0
                               for name in SYNC_EVENTS},
         sync_sources_per_iter=[dict(frame=frame, per_iter=n / iters)
-                               for frame, n in _sync_sources(host)[:TOP_SYNC_SOURCES]])
+                               for frame, n in _sync_sources(host, python_frames)
+                               [:TOP_SYNC_SOURCES]])
