@@ -6,12 +6,7 @@
 #   tools/dist_test.sh CONFIG CHECKPOINT GPUS [tools/test.py arguments ...]
 #
 # Environment: see tools/dist_launch.sh.
-set -euo pipefail
 USAGE="CONFIG CHECKPOINT GPUS [tools/test.py arguments ...]"
 EXAMPLE="configs/dino_bf16.py work_dirs/dino/epoch_12.pth 8"
 source "$(dirname "$0")/dist_launch.sh"
-
-[[ $# -ge 3 ]] || usage
-check_config_and_gpus "$1" "$3"
-[[ -f $2 ]] || { echo "$0: no such checkpoint: $2" >&2; usage; }
-torchrun "$3" test.py "$1" "$2" "${@:4}"
+launch test.py 3 "$@"

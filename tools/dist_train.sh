@@ -5,11 +5,7 @@
 #   tools/dist_train.sh CONFIG GPUS [tools/train.py arguments ...]
 #
 # Environment: see tools/dist_launch.sh.
-set -euo pipefail
 USAGE="CONFIG GPUS [tools/train.py arguments ...]"
 EXAMPLE="configs/dino_bf16.py 8 --work-dir work_dirs/dino"
 source "$(dirname "$0")/dist_launch.sh"
-
-[[ $# -ge 2 ]] || usage
-check_config_and_gpus "$1" "$2"
-torchrun "$2" train.py "$1" "${@:3}"
+launch train.py 2 "$@"
