@@ -1,0 +1,179 @@
+"""BatchedMatchingDINOHead gives mmdet's DINOHead targets and losses with one
+device-to-host transfer per matched output (CPU, fp32)."""
+import copy
+from pathlib import Path
+
+import pytest
+import torch
+from mmdet.registry import MODELS
+from mmdet.testing import demo_mm_inputs
+from mmengine.config import Config
+from mmengine.registry import DefaultScope
+from mmengine.structures import InstanceData
+from torch.profiler import ProfilerActivity, profile
+
+from msda_mm.models import BatchedMatchingDINOHead
+
+from .detr_configs import build_detector, detr_model_cfg
+
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+NUM_CLASSES = 5
+MATCH_COSTS = {
+    # DINO's (sigmoid classification) and DETR's (softmax) costs.
+    "focal": None,  # the DINO config's own train_cfg.assigner
+    "softmax": [dict(type="ClassificationCost", weight=1.0),
+                dict(type="BBoxL1Cost", weight=5.0, box_format="xywh"),
+                dict(type="IoUCost", iou_mode="giou", weight=2.0)],
+}
+# Host-side ops that wait for the device on CUDA (on the CPU they run, but
+# do not wait): scalar reads, nonzero, unique (its output size).
+WAITING_OPS = ("aten::_local_scalar_dense", "aten::nonzero", "aten::_unique2", "aten::unique_dim")
+
+
+def build_heads(costs: str):
+    """mmdet's DINOHead and BatchedMatchingDINOHead, built from DINO's config."""
+    dino = detr_model_cfg("dino-4scale")
+    head = dict(dino.bbox_head, num_classes=NUM_CLASSES, train_cfg=copy.deepcopy(dino.train_cfg))
+    if MATCH_COSTS[costs] is not None:
+        head["train_cfg"]["assigner"]["match_costs"] = MATCH_COSTS[costs]
+    with DefaultScope.overwrite_default_scope("mmdet"):
+        return (MODELS.build(dict(head, type="DINOHead")),
+                MODELS.build(dict(head, type="BatchedMatchingDINOHead")))
+
+
+def random_output(num_gts, num_queries=6, tied=False, seed=0):
+    """One decoder output and its batch: per image (Q, C+1) logits, (Q, 4)
+    normalised (cx, cy, w, h), GT boxes in pixels and image metas of
+    different sizes.  ``tied``: identical queries and a duplicated GT, so
+    that whole rows and columns of the cost matrix are equal."""
+    gen = torch.Generator().manual_seed(seed)
+    scores, boxes, gts, metas = [], [], [], []
+    for i, num in enumerate(num_gts):
+        h, w = 64 + 16 * i, 96 - 8 * i
+        score = torch.randn(num_queries, NUM_CLASSES + 1, generator=gen)
+        box = torch.rand(num_queries, 4, generator=gen) * 0.5 + 0.1
+        corner = torch.rand(num, 2, generator=gen) * 0.6
+        size = torch.rand(num, 2, generator=gen) * 0.3 + 0.05
+        gt_boxes = torch.cat([corner, corner + size], 1) * torch.tensor([w, h, w, h])
+        labels = torch.randint(NUM_CLASSES, (num,), generator=gen)
+        if tied:
+            score, box = score[:1].expand_as(score), box[:1].expand_as(box)
+            gt_boxes[1:2], labels[1:2] = gt_boxes[:1], labels[:1]
+        scores.append(score)
+        boxes.append(box)
+        gts.append(InstanceData(bboxes=gt_boxes, labels=labels))
+        metas.append(dict(img_shape=(h, w)))
+    return scores, boxes, gts, metas
+
+
+CASES = {
+    "mixed": dict(num_gts=[3, 0, 2, 1]),
+    "more_gts_than_queries": dict(num_gts=[9, 4], num_queries=6),
+    "no_gts": dict(num_gts=[0, 0]),
+    "ties": dict(num_gts=[4, 3], tied=True),
+    "one_image": dict(num_gts=[5]),
+}
+
+
+def assert_same_targets(ours, theirs):
+    *ours_lists, ours_pos, ours_neg = ours
+    *their_lists, their_pos, their_neg = theirs
+    assert (ours_pos, ours_neg) == (their_pos, their_neg)
+    for name, a, b in zip(("labels", "label_weights", "bbox_targets", "bbox_weights"),
+                          ours_lists, their_lists):
+        assert len(a) == len(b), name
+        for img, (x, y) in enumerate(zip(a, b)):
+            assert x.dtype == y.dtype and torch.equal(x, y), f"{name} of image {img}"
+
+
+@pytest.mark.parametrize("costs", sorted(MATCH_COSTS))
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_targets_are_mmdets(costs, case):
+    mmdet_head, head = build_heads(costs)
+    for seed in range(3):
+        inputs = random_output(**CASES[case], seed=seed)
+        assert_same_targets(head.get_targets(*inputs), mmdet_head.get_targets(*inputs))
+
+
+def count_host_waits(fn, monkeypatch) -> int:
+    """Device-to-host transfers (``Tensor.cpu``: free on CPU tensors, so
+    counted by hand) plus the ops of WAITING_OPS while ``fn`` runs."""
+    transfers = []
+    cpu = torch.Tensor.cpu
+
+    def counting_cpu(self, *args, **kwargs):
+        transfers.append(self.shape)
+        return cpu(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.Tensor, "cpu", counting_cpu)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        fn()
+    monkeypatch.undo()
+    return len(transfers) + sum(e.name in WAITING_OPS for e in prof.events())
+
+
+@pytest.mark.parametrize("num_gts, ours_expected", [([3, 0, 2, 1], 1), ([0, 0], 0)])
+def test_one_host_wait_per_output(num_gts, ours_expected, monkeypatch):
+    mmdet_head, head = build_heads("focal")
+    inputs = random_output(num_gts)
+    theirs = count_host_waits(lambda: mmdet_head.get_targets(*inputs), monkeypatch)
+    ours = count_host_waits(lambda: head.get_targets(*inputs), monkeypatch)
+    # mmdet: cost.cpu(), 2 nonzero and 2 unique per image (no cost without GTs).
+    assert theirs >= len(num_gts)
+    assert ours == ours_expected
+
+
+def test_bad_input_is_refused():
+    _, head = build_heads("focal")
+    scores, boxes, gts, metas = random_output([1, 2])
+    with pytest.raises(ValueError, match="one entry per image"):
+        head.get_targets(scores, boxes, gts[:1], metas)
+    with pytest.raises(ValueError, match="at least one image"):
+        head.get_targets([], [], [], [])
+    dino = detr_model_cfg("dino-4scale")
+    with DefaultScope.overwrite_default_scope("mmdet"), pytest.raises(TypeError, match="Hungarian"):
+        MODELS.build(dict(dino.bbox_head, type="BatchedMatchingDINOHead",
+                          train_cfg=dict(assigner=dict(type="TaskAlignedAssigner", topk=3))))
+
+
+def tiny_dino(head_type: str):
+    model = Config.fromfile(str(CONFIGS / "synthetic" / "dino_tiny_cpu.py")).model
+    model.bbox_head.type = head_type
+    return build_detector(model)
+
+
+def test_training_step_losses_are_mmdets(reference_backend, quiet_mmengine, monkeypatch):
+    matched = []
+    get_targets = BatchedMatchingDINOHead.get_targets
+    monkeypatch.setattr(BatchedMatchingDINOHead, "get_targets",
+                        lambda *args: matched.append(1) or get_targets(*args))
+    torch.manual_seed(0)
+    theirs = tiny_dino("DINOHead")
+    theirs.init_weights()
+    ours = tiny_dino("BatchedMatchingDINOHead")
+    ours.load_state_dict(theirs.state_dict())
+    assert type(ours.bbox_head) is BatchedMatchingDINOHead
+    batch = demo_mm_inputs(batch_size=3, image_shapes=[(3, 64, 64), (3, 48, 64), (3, 64, 48)],
+                           num_items=[3, 0, 5], num_classes=6)
+    losses = []
+    for model in (theirs, ours):
+        model.train()
+        data = model.data_preprocessor(copy.deepcopy(batch), training=True)
+        torch.manual_seed(1)  # the same denoising queries
+        losses.append(model.loss(data["inputs"], data["data_samples"]))
+    assert set(losses[0]) == set(losses[1])
+    assert {"loss_cls", "loss_bbox", "loss_iou", "enc_loss_cls", "d0.loss_cls"} <= set(losses[1])
+    for name in losses[0]:
+        assert torch.equal(losses[0][name], losses[1][name]), name
+    # 3 decoder layers and the encoder's proposals went through the new head.
+    assert len(matched) == 4
+
+
+def test_fast_host_config_swaps_only_the_head():
+    fast = Config.fromfile(str(CONFIGS / "dino_bf16_fast_host.py"))
+    base = Config.fromfile(str(CONFIGS / "dino_bf16_fused_adamw.py")).to_dict()
+    fast_dict = fast.to_dict()
+    assert fast_dict["model"]["bbox_head"].pop("type") == "BatchedMatchingDINOHead"
+    assert base["model"]["bbox_head"].pop("type") == "DINOHead"
+    assert fast_dict == base
+    assert type(build_detector(fast.model).bbox_head) is BatchedMatchingDINOHead
