@@ -177,3 +177,29 @@ def test_fast_host_config_swaps_only_the_head():
     assert base["model"]["bbox_head"].pop("type") == "DINOHead"
     assert fast_dict == base
     assert type(build_detector(fast.model).bbox_head) is BatchedMatchingDINOHead
+
+
+def _cuda(inputs):
+    scores, boxes, gts, metas = inputs
+    return ([s.cuda() for s in scores], [b.cuda() for b in boxes],
+            [InstanceData(bboxes=g.bboxes.cuda(), labels=g.labels.cuda()) for g in gts], metas)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", ["mixed", "ties"])
+def test_targets_and_waits_on_cuda(case):
+    # The CUDA path: pinned non-blocking index copies, one .cpu() of the
+    # packed costs.  Same targets as mmdet's head; host waits
+    # (cudaStreamSynchronize, as the CUDA runtime records them) one per
+    # call against several per image.
+    mmdet_head, head = build_heads("focal")
+    inputs = _cuda(random_output(**CASES[case]))
+    assert_same_targets(head.get_targets(*inputs), mmdet_head.get_targets(*inputs))
+    waits = []
+    for h in (head, mmdet_head):
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            h.get_targets(*inputs)
+        waits.append(sum(e.name == "cudaStreamSynchronize" for e in prof.events()))
+    images_with_gts = sum(len(g) > 0 for g in inputs[2])
+    assert waits[0] <= 1 < images_with_gts <= waits[1], waits
