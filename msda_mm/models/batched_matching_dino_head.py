@@ -6,14 +6,18 @@ matrix goes to the host on its own (``HungarianAssigner.assign``'s
 ``cost.cpu()``), the matched indices come back by pageable (synchronous)
 copies and ``nonzero``/``unique`` read them once more, so DINO at batch 8
 waits on the device several times per image for each of its 7 matched
-outputs (6 decoder layers and the encoder's proposals).  Here the costs of
-all images are computed on the device by the config's own match costs,
-packed into one tensor and brought over by one ``.cpu()``; scipy matches each
-image on the host and the targets of the whole batch are written on the
-device from host-built indices, copied without waiting.  The targets are
-mmdet's, bit for bit: the cost matrices are the same numbers, so scipy
-returns the same matches, ties included.  The denoising targets are not
-matched and stay mmdet's.
+outputs (6 decoder layers and the encoder's proposals); the match costs
+themselves wait twice more per image (each copies a small tensor of the image
+size or an epsilon to the device).  Here the config's own match costs run
+once on the whole batch, as one block matrix (queries of all images x GT
+boxes of all images) whose diagonal blocks are the images' cost matrices;
+those are packed and brought over by one ``.cpu()``, scipy matches each image
+on the host, and the targets of the whole batch are written on the device
+from host-built indices, copied without waiting: 3 waits per matched output
+in all, whatever the batch size.  The targets are mmdet's, bit for bit: each
+cost entry is computed by the same elementwise operations on the same
+numbers, so scipy returns the same matches, ties included.  The denoising
+targets are not matched and stay mmdet's.
 """
 from __future__ import annotations
 
@@ -30,9 +34,18 @@ from .. import compat  # noqa: F401  (first: on mmcv-lite, mmdet.models imports 
 # isort: split
 from mmdet.models.dense_heads import DINOHead
 from mmdet.models.task_modules.assigners import HungarianAssigner
+from mmdet.models.task_modules.assigners.match_cost import (BBoxL1Cost, ClassificationCost,
+                                                            FocalLossCost, IoUCost)
 from mmdet.registry import MODELS
 from mmdet.structures.bbox import bbox_cxcywh_to_xyxy, bbox_xyxy_to_cxcywh
 from mmdet.utils import InstanceList
+
+
+# Match costs whose entry for a (query, GT) pair is computed from that pair's
+# own inputs by elementwise operations (BBoxL1Cost once its inputs are
+# normalised per image, see _batch_cost), so that one call on the whole batch
+# gives every image's entries, the same numbers as a call per image.
+_BATCHABLE_COSTS = (FocalLossCost, ClassificationCost, IoUCost, BBoxL1Cost)
 
 
 def _to_device(host: Tensor, device: torch.device) -> Tensor:
@@ -48,10 +61,11 @@ def _to_device(host: Tensor, device: torch.device) -> Tensor:
 @MODELS.register_module()
 class BatchedMatchingDINOHead(DINOHead):
     """``DINOHead`` whose ``get_targets`` (the Hungarian-matched part: decoder
-    layers and encoder proposals) reads the device once per call instead of
-    several times per image.  Same arguments, targets and losses as
-    ``DINOHead``; ``train_cfg.assigner`` must be a plain ``HungarianAssigner``,
-    whose ``match_costs`` are used as configured."""
+    layers and encoder proposals) waits on the device 3 times per call
+    instead of 5 or more times per image.  Same arguments, targets and losses as
+    ``DINOHead``; ``train_cfg.assigner`` must be a plain ``HungarianAssigner``
+    whose ``match_costs`` are FocalLossCost, ClassificationCost, BBoxL1Cost
+    and IoUCost (DETR's and DINO's), used as configured."""
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -59,49 +73,91 @@ class BatchedMatchingDINOHead(DINOHead):
         assigner = getattr(self, "assigner", None)
         # A subclass may assign otherwise: only HungarianAssigner's own
         # assign() is known to be "sum of match_costs, then scipy".
-        if assigner is not None and type(assigner) is not HungarianAssigner:
+        if assigner is None:
+            return
+        if type(assigner) is not HungarianAssigner:
             raise TypeError(f"{type(self).__name__} batches HungarianAssigner's matching; "
                             f"train_cfg.assigner builds {type(assigner).__name__}")
+        for cost in assigner.match_costs:
+            if type(cost) not in _BATCHABLE_COSTS or getattr(cost, "binary_input", False):
+                raise TypeError(
+                    f"{type(self).__name__} batches the match costs "
+                    f"{', '.join(c.__name__ for c in _BATCHABLE_COSTS)} (boxes and class "
+                    f"scores); train_cfg.assigner.match_costs has {type(cost).__name__}"
+                    + (" with binary_input=True" if getattr(cost, "binary_input", False) else ""))
 
-    def _match_cost(self, cls_score: Tensor, bbox_pred: Tensor, factor: Tensor,
-                    gt_instances: InstanceData, img_meta: dict) -> Tensor:
-        """The cost matrix HungarianAssigner.assign would build for one image,
-        the same numbers: cls_score (Q, C) logits, bbox_pred (Q, 4) normalised
-        (cx, cy, w, h), factor (4,) = (w, h, w, h) of the image in bbox_pred's
-        dtype.  Returns (Q, G), G = len(gt_instances)."""
-        # The assigner's input as DETRHead._get_targets_single makes it:
-        # boxes in pixels, (x1, y1, x2, y2).
-        pred = InstanceData(scores=cls_score, bboxes=bbox_cxcywh_to_xyxy(bbox_pred) * factor)
-        costs = [match_cost(pred_instances=pred, gt_instances=gt_instances, img_meta=img_meta)
-                 for match_cost in self.assigner.match_costs]
-        # Summed as the assigner sums them: the same numbers, to the last bit.
+    def _batch_cost(self, scores: Tensor, boxes: Tensor, row_factors: Tensor,
+                    gt_instances: InstanceData, gt_factors: Tensor) -> Tensor:
+        """The config's match costs, summed as HungarianAssigner sums them,
+        for every query of the batch against every GT box of the batch.
+
+        Args:
+            scores: (N, C) logits of all images' queries.
+            boxes: (N, 4) their boxes in pixels (x1, y1, x2, y2), as
+                DETRHead gives them to the assigner.
+            row_factors: (N, 4) (w, h, w, h) of each query's image, in the GT
+                boxes' dtype.
+            gt_instances: ``bboxes`` (G, 4) in pixels and ``labels`` (G,) of
+                all images.
+            gt_factors: (G, 4) (w, h, w, h) of each GT box's image.
+
+        Returns:
+            (N, G); the block of an image's queries and GT boxes is the cost
+            matrix HungarianAssigner.assign builds for that image.
+        """
+        pred = InstanceData(scores=scores, bboxes=boxes)
+        costs = []
+        for cost in self.assigner.match_costs:
+            if type(cost) is BBoxL1Cost:
+                # BBoxL1Cost divides by one image's size: here each row and
+                # column by its own image's, then the cost runs in xyxy on an
+                # image of size 1 (division by 1 is exact).
+                to_format = bbox_xyxy_to_cxcywh if cost.box_format == "xywh" else torch.clone
+                cost = BBoxL1Cost(box_format="xyxy", weight=cost.weight)
+                costs.append(cost(InstanceData(bboxes=to_format(boxes) / row_factors),
+                                  InstanceData(bboxes=to_format(gt_instances.bboxes) / gt_factors),
+                                  img_meta=dict(img_shape=(1, 1))))
+            else:
+                costs.append(cost(pred_instances=pred, gt_instances=gt_instances))
         return torch.stack(costs).sum(dim=0)
 
     def _match_on_host(self, cls_scores_list: Sequence[Tensor], bbox_preds_list: Sequence[Tensor],
-                       factors: Tensor, batch_gt_instances: InstanceList,
-                       batch_img_metas: List[dict]) -> List[Tuple[np.ndarray, np.ndarray]]:
+                       factors: Tensor, batch_gt_instances: InstanceList
+                       ) -> List[Tuple[np.ndarray, np.ndarray]]:
         """Per image, scipy's (query indices, GT indices) of the optimal
         matching, both (min(Q_i, G_i),) int64; empty where Q_i or G_i is 0
-        (HungarianAssigner leaves those unmatched).  One device-to-host
-        transfer for the batch, none if no image needs matching."""
-        shapes = [(len(scores), len(gts))
-                  for scores, gts in zip(cls_scores_list, batch_gt_instances)]
-        to_match = [i for i, (q, g) in enumerate(shapes) if q > 0 and g > 0]
-        matches = [(np.zeros(0, np.int64), np.zeros(0, np.int64)) for _ in shapes]
+        (HungarianAssigner leaves those unmatched).  factors: (B, 4) (w, h,
+        w, h) per image in the GT boxes' dtype.  One device-to-host transfer
+        for the batch, none if no image needs matching."""
+        num_queries = [len(scores) for scores in cls_scores_list]
+        num_gts = [len(gts) for gts in batch_gt_instances]
+        to_match = [i for i, (q, g) in enumerate(zip(num_queries, num_gts)) if q > 0 and g > 0]
+        matches = [(np.zeros(0, np.int64), np.zeros(0, np.int64)) for _ in num_queries]
         if not to_match:
             return matches
         with torch.no_grad():  # HungarianAssigner detaches the cost: no graph to build
-            packed = torch.cat([
-                self._match_cost(cls_scores_list[i], bbox_preds_list[i], factors[i],
-                                 batch_gt_instances[i], batch_img_metas[i]).flatten()
-                for i in to_match])
+            bbox_pred = torch.cat(list(bbox_preds_list))
+            # DETRHead scales by the image size in the predictions' dtype.
+            pred_factors = factors.to(bbox_pred.dtype)
+            row_factors = torch.cat([f.expand(q, 4) for f, q in zip(factors, num_queries)])
+            boxes = bbox_cxcywh_to_xyxy(bbox_pred) * torch.cat(
+                [f.expand(q, 4) for f, q in zip(pred_factors, num_queries)])
+            gt_instances = InstanceData(
+                bboxes=torch.cat([gts.bboxes for gts in batch_gt_instances]),
+                labels=torch.cat([gts.labels for gts in batch_gt_instances]))
+            gt_factors = torch.cat([f.expand(g, 4) for f, g in zip(factors, num_gts)])
+            cost = self._batch_cost(torch.cat(list(cls_scores_list)), boxes, row_factors,
+                                    gt_instances, gt_factors)
+            q0, g0 = np.cumsum([0] + num_queries), np.cumsum([0] + num_gts)
+            packed = torch.cat([cost[q0[i]:q0[i + 1], g0[i]:g0[i + 1]].flatten()
+                                for i in to_match])
             # scipy matches in float64; numpy has no bfloat16, and upcasting a
             # half type to float32 is exact.
             packed = packed.to(torch.promote_types(packed.dtype, torch.float32))
         host = packed.cpu().numpy()  # the one wait on the device
-        sizes = [shapes[i][0] * shapes[i][1] for i in to_match]
+        sizes = [num_queries[i] * num_gts[i] for i in to_match]
         for i, flat in zip(to_match, np.split(host, np.cumsum(sizes)[:-1])):
-            rows, cols = linear_sum_assignment(flat.reshape(shapes[i]))
+            rows, cols = linear_sum_assignment(flat.reshape(num_queries[i], num_gts[i]))
             matches[i] = (rows.astype(np.int64), cols.astype(np.int64))
         return matches
 
@@ -131,14 +187,15 @@ class BatchedMatchingDINOHead(DINOHead):
                 f"one entry per image expected: {num_imgs} cls_scores, {len(bbox_preds_list)} "
                 f"bbox_preds, {len(batch_gt_instances)} gt_instances, "
                 f"{len(batch_img_metas)} img_metas")
-        bbox_pred = bbox_preds_list[0]
-        # (B, 4) = (w, h, w, h) per image, in the predictions' dtype as
-        # DETRHead's bbox_pred.new_tensor(...) makes it, sent in one copy.
+        gt_bboxes = torch.cat([gts.bboxes for gts in batch_gt_instances])
+        # (B, 4) = (w, h, w, h) per image, sent in one copy, in the GT boxes'
+        # dtype (exact for image sizes; BBoxL1Cost's factor has that dtype)
+        # and rounded to the predictions' on the device where DETRHead's is.
         factors = torch.tensor([[m["img_shape"][1], m["img_shape"][0]] * 2
-                                for m in batch_img_metas], dtype=bbox_pred.dtype)
-        factors = _to_device(factors, bbox_pred.device)
+                                for m in batch_img_metas], dtype=gt_bboxes.dtype)
+        factors = _to_device(factors, gt_bboxes.device)
         matches = self._match_on_host(cls_scores_list, bbox_preds_list, factors,
-                                      batch_gt_instances, batch_img_metas)
+                                      batch_gt_instances)
 
         # Targets of the whole batch, (sum Q_i, ...), written at the matches'
         # flat indices and split per image at the end.
@@ -150,7 +207,6 @@ class BatchedMatchingDINOHead(DINOHead):
              for i, (rows, cols) in enumerate(matches)], axis=1)  # (3, P): query, GT, image
         num_total_pos = positives.shape[1]
 
-        gt_bboxes = torch.cat([gts.bboxes for gts in batch_gt_instances])
         total = sum(num_queries)
         labels = gt_bboxes.new_full((total,), self.num_classes, dtype=torch.long)
         label_weights = gt_bboxes.new_ones(total)
@@ -160,9 +216,13 @@ class BatchedMatchingDINOHead(DINOHead):
             query, gt, img = _to_device(torch.from_numpy(positives), gt_bboxes.device)
             gt_labels = torch.cat([gts.labels for gts in batch_gt_instances])
             labels[query] = gt_labels[gt]
-            bbox_weights[query] = 1.0
-            # Regressed in the image's normalised (cx, cy, w, h), as DETRHead does.
-            bbox_targets[query] = bbox_xyxy_to_cxcywh(gt_bboxes[gt] / factors[img])
+            # index_fill_, not `[query] = 1.0`: a Python scalar would be
+            # copied to the device (a wait) first.
+            bbox_weights.index_fill_(0, query, 1.0)
+            # Regressed in the image's normalised (cx, cy, w, h), as DETRHead
+            # does (its factor in the predictions' dtype).
+            bbox_targets[query] = bbox_xyxy_to_cxcywh(
+                gt_bboxes[gt] / factors.to(bbox_preds_list[0].dtype)[img])
         return (list(labels.split(num_queries)), list(label_weights.split(num_queries)),
                 list(bbox_targets.split(num_queries)), list(bbox_weights.split(num_queries)),
                 num_total_pos, total - num_total_pos)
