@@ -82,6 +82,10 @@ VARIANTS=${E2E_VARIANTS:-bf16 fp32}
 for variant in $VARIANTS; do
     [[ $variant =~ ^(bf16|fp32|bf16_fp32accum)$ ]] ||
         { echo "$0: E2E_VARIANTS: unknown variant '$variant' (bf16, fp32, bf16_fp32accum)" >&2; exit 2; }
+    # Two runs of one variant and seed would share a work_dir.
+    [[ " ${seen:-} " != *" $variant "* ]] ||
+        { echo "$0: E2E_VARIANTS: '$variant' given twice" >&2; exit 2; }
+    seen="${seen:-} $variant"
 done
 if [[ $PART == ddp ]] && ((${#GPUS[@]} < 2)); then
     echo "$0: the ddp part needs 2 GPUs, found ${#GPUS[@]}" >&2
@@ -203,7 +207,7 @@ ddp_runs() {
     lanes single_seed0 single_seed1
     ckpt=$(cat "$RES/ddp_2gpu/last_checkpoint" 2>/dev/null) || { echo "tests: no checkpoint" >> "$SUMMARY"; return; }
     PYTHON=python3 step test_2gpu 60 bash tools/dist_test.sh "$SYN_BF16" "$ckpt" 2 --work-dir "$RES/test_2gpu"
-    step test_1gpu 0 python3 tools/test.py "$SYN_BF16" "$ckpt" --work-dir "$RES/test_1gpu"
+    step test_1gpu 20 python3 tools/test.py "$SYN_BF16" "$ckpt" --work-dir "$RES/test_1gpu"
     step compare_runs 0 python3 tools/compare_runs.py single_seed0="$RES/single_seed0" \
         ddp_2gpu="$RES/ddp_2gpu" single_seed1="$RES/single_seed1" --out "$RES/compare" \
         --title "DINO R50 synthetic bf16: 2 GPUs x 4 images vs 1 GPU x 8"

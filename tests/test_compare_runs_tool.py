@@ -37,16 +37,27 @@ def test_window_means_group_by_iteration():
         window_means(train, 0)
 
 
-def test_summary_reads_the_newest_run(tmp_path):
-    write_run(tmp_path, {10: 1.0}, {}, timestamp="20261129_110000")
+def test_summary_of_a_run(tmp_path):
     write_run(tmp_path, {10: 4.0, 20: 2.0, 30: 3.0}, {1: 0.1234, 2: 0.25})
     run = summarize(tmp_path, window=20)
-    assert run["scalars"].endswith("20261129_120000/vis_data/scalars.json")
+    assert run["scalars"] == [str(tmp_path / "20261129_120000/vis_data/scalars.json")]
     assert run["iters"] == 30 and run["s_per_iter"] == 0.5 and run["memory_mib"] == 130
     assert run["loss_windows"] == [dict(iters=[1, 20], loss=3.0), dict(iters=[21, 40], loss=3.0)]
     # AP points, rounded as CocoMetric's 3 decimals; the -1 of an empty area range left out.
     assert run["evals"] == [dict(epoch=1, bbox_mAP=12.3, bbox_mAP_50=24.7),
                             dict(epoch=2, bbox_mAP=25.0, bbox_mAP_50=50.0)]
+
+
+def test_a_resumed_run_is_read_whole(tmp_path):
+    # Stopped after iteration 30 (evaluated after epoch 1), resumed from the
+    # checkpoint at 20: the later file's records replace the earlier's from
+    # its first iteration on, and its evaluation of epoch 1 the earlier one.
+    write_run(tmp_path, {10: 4.0, 20: 2.0, 30: 9.0}, {1: 0.1}, timestamp="20261129_110000")
+    write_run(tmp_path, {30: 3.0, 40: 1.0}, {1: 0.2, 2: 0.3}, timestamp="20261129_120000")
+    run = summarize(tmp_path, window=20)
+    assert len(run["scalars"]) == 2
+    assert run["loss_records"] == [[10, 4.0], [20, 2.0], [30, 3.0], [40, 1.0]]
+    assert [(e["epoch"], e["bbox_mAP"]) for e in run["evals"]] == [(1, 20.0), (2, 30.0)]
 
 
 def test_compare_against_baseline(tmp_path):

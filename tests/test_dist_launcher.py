@@ -58,10 +58,12 @@ def test_train_defaults_launch_one_node(echo_python):
     assert result.stdout.splitlines() == _torchrun(8, "train.py", CONFIG)
 
 
-def test_test_defaults_launch_one_node(echo_python):
-    result = _run("dist_test.sh", CONFIG, CHECKPOINT, "2", PYTHON=echo_python)
+@pytest.mark.parametrize("checkpoint", [CHECKPOINT, "https://download.openmmlab.com/x.pth"])
+def test_test_defaults_launch_one_node(checkpoint, echo_python):
+    # A URL checkpoint is mmengine's to download, not a file to check.
+    result = _run("dist_test.sh", CONFIG, checkpoint, "2", PYTHON=echo_python)
     assert result.returncode == 0, result.stderr
-    assert result.stdout.splitlines() == _torchrun(2, "test.py", CONFIG, CHECKPOINT)
+    assert result.stdout.splitlines() == _torchrun(2, "test.py", CONFIG, checkpoint)
 
 
 @pytest.mark.parametrize("script, positional, tool", [

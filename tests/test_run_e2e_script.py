@@ -6,6 +6,8 @@ import subprocess
 import tarfile
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "run_e2e.sh"
 
@@ -49,12 +51,14 @@ def test_seeds_part_trains_each_variant_per_seed(tmp_path):
     assert summary.count("bbox_mAP_copypaste") == 4, summary  # 2 evaluations a run
 
 
-def test_unknown_variant_is_refused(tmp_path):
-    env = dict(os.environ, E2E_SMOKE="1", CUDA_VISIBLE_DEVICES="", E2E_VARIANTS="bf16 fp8")
+@pytest.mark.parametrize("variants, message", [("bf16 fp8", "unknown variant 'fp8'"),
+                                               ("bf16 fp32 bf16", "'bf16' given twice")])
+def test_bad_variants_are_refused(variants, message, tmp_path):
+    env = dict(os.environ, E2E_SMOKE="1", CUDA_VISIBLE_DEVICES="", E2E_VARIANTS=variants)
     run = subprocess.run(["bash", str(SCRIPT), "seeds", str(tmp_path)], env=env,
                          capture_output=True, text=True, timeout=60)
     assert run.returncode == 2
-    assert "unknown variant 'fp8'" in run.stderr
+    assert message in run.stderr
     assert not (tmp_path / "seeds.log").exists()
 
 

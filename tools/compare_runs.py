@@ -3,7 +3,7 @@
     python tools/compare_runs.py NAME=WORK_DIR [NAME=WORK_DIR ...] --out DIR
         [--window 50] [--title TEXT]
 
-The first run is the baseline.  Prints, per run, the iterations done, the
+The first run is the baseline.  Prints, per run, the last logged iteration, the
 median seconds per iteration, the peak memory, the windowed mean loss and
 the COCO AP of its last evaluation; then, for every other run, its AP
 difference (AP points) and the relative difference of its windowed loss to
@@ -72,8 +72,10 @@ def main(argv=None) -> int:
          for name, c in comparisons.items()},
         base_name, args.out / "runs_loss.png", args.title)
 
+    # iters: the last logged iteration (mmengine logs every logger.interval).
     print(f"{'run':<16} {'iters':>6} {'s/iter':>8} {'MiB':>7} {'last loss':>9}  "
-          f"{'AP':>5} {'AP50':>5}  (last {args.window}-iteration window)")
+          f"{'AP':>5} {'AP50':>5}  (iters: last logged; loss: last {args.window}-iteration "
+          "window)")
     for name, run in runs.items():
         print(_row(name, run))
     for name, c in comparisons.items():

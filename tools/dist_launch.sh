@@ -13,7 +13,8 @@ usage() {
 }
 
 # launch TOOL N ARGS...: the first N of ARGS are the command line's
-# positional arguments, files (CONFIG, ...) and then GPUS.  Checks them, then
+# positional arguments, files (CONFIG, ...) and then GPUS.  Checks them (a
+# URL, e.g. a checkpoint mmengine downloads, is left to the tool), then
 # starts one process per GPU through torchrun, each running
 #   tools/TOOL FILES... REST... --launcher pytorch
 launch() {
@@ -22,7 +23,8 @@ launch() {
     (($# >= n)) || usage
     local gpus=${!n}
     for file in "${@:1:n-1}"; do
-        [[ -f $file ]] || { echo "$0: no such file: $file" >&2; usage; }
+        [[ -f $file || $file =~ ^[a-zA-Z][a-zA-Z0-9+.-]*:// ]] ||
+            { echo "$0: no such file: $file" >&2; usage; }
     done
     [[ $gpus =~ ^[1-9][0-9]*$ ]] || { echo "$0: GPUS must be a positive integer, got '$gpus'" >&2; usage; }
     exec "${PYTHON:-python}" -m torch.distributed.run \

@@ -37,7 +37,7 @@ def plot_loss_curves(losses: dict[str, Series], rel_diff: dict[str, Series], bas
     if drawn:
         bottom.set_yscale("log")
         bottom.legend()
-    elif all(v == 0 for _, d in rel_diff.values() for v in d):
+    elif rel_diff and all(v == 0 for _, d in rel_diff.values() for v in d):
         bottom.text(0.5, 0.5, "the same total loss at every iteration", ha="center",
                     va="center", transform=bottom.transAxes)
     bottom.xaxis.set_major_locator(MaxNLocator(integer=True))

@@ -116,6 +116,8 @@ def _sync_sources(host, python_frames) -> list:
     for e in host:
         if e.name not in _WAITING_OPS:
             continue
+        # Only a thread with no frames at all falls back to the main one: a
+        # wait on a thread with frames but none around it stays frameless.
         spans, start = frames.get(e.thread) or main, e.time_range.start
         i = bisect.bisect_right(spans, (start, float("inf"))) - 1
         while i >= 0 and spans[i][1] < e.time_range.end:

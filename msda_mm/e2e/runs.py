@@ -17,14 +17,14 @@ from pathlib import Path
 COCO_KEYS = ("bbox_mAP", "bbox_mAP_50", "bbox_mAP_75", "bbox_mAP_s", "bbox_mAP_m", "bbox_mAP_l")
 
 
-def scalars_file(work_dir: Path) -> Path:
-    """The newest run's scalars.json under ``work_dir`` (timestamps sort as
-    text; a resumed run writes a new one)."""
+def scalars_files(work_dir: Path) -> list[Path]:
+    """Every run's scalars.json under ``work_dir``, oldest first (timestamps
+    sort as text; a resumed run writes a new one)."""
     files = sorted(Path(work_dir).glob("*/vis_data/scalars.json"))
     if not files:
         raise FileNotFoundError(f"no */vis_data/scalars.json under {work_dir}: not an "
                                 "mmengine work_dir, or the run logged nothing")
-    return files[-1]
+    return files
 
 
 def read_records(path: Path) -> tuple[list[dict], list[dict]]:
@@ -41,6 +41,21 @@ def read_records(path: Path) -> tuple[list[dict], list[dict]]:
     return train, evals
 
 
+def read_run(paths: list[Path]) -> tuple[list[dict], list[dict]]:
+    """The records of a run logged over ``paths`` (oldest first: a run and
+    its resumptions).  A resumed run starts again from its last checkpoint,
+    so where files overlap the later one's records replace the earlier's:
+    training records from its first iteration on, evaluations by step."""
+    train: list[dict] = []
+    evals: dict = {}
+    for path in paths:
+        later_train, later_evals = read_records(path)
+        if later_train:
+            train = [r for r in train if r["iter"] < later_train[0]["iter"]] + later_train
+        evals.update((r.get("step"), r) for r in later_evals)
+    return train, sorted(evals.values(), key=lambda r: r.get("step") or 0)
+
+
 def window_means(train: list[dict], window: int) -> list[dict]:
     """Mean logged loss per window of ``window`` iterations: the records
     with iter in (k * window, (k + 1) * window], for each k that has one."""
@@ -54,16 +69,17 @@ def window_means(train: list[dict], window: int) -> list[dict]:
 
 
 def summarize(work_dir: Path, window: int) -> dict:
-    """One run: iterations done, median seconds per iteration (the first
-    record, with start-up, left out), peak memory (MiB), the windowed loss
-    curve, the raw loss records and every evaluation in AP points."""
-    path = scalars_file(work_dir)
-    train, evals = read_records(path)
+    """One run (with its resumptions): the last logged iteration, median
+    seconds per iteration (the first record, with start-up, left out), peak
+    memory (MiB), the windowed loss curve, the raw loss records and every
+    evaluation in AP points."""
+    paths = scalars_files(work_dir)
+    train, evals = read_run(paths)
     if not train:
-        raise ValueError(f"{path} has no training records")
+        raise ValueError(f"{work_dir}: its scalars.json files have no training records")
     times = [r["time"] for r in train[1:] if "time" in r] or [train[0].get("time", float("nan"))]
     return dict(
-        scalars=str(path),
+        scalars=[str(p) for p in paths],
         iters=train[-1]["iter"],
         s_per_iter=statistics.median(times),
         memory_mib=max(r.get("memory", 0) for r in train),
