@@ -21,7 +21,7 @@ targets are not matched and stay mmdet's.
 """
 from __future__ import annotations
 
-from typing import List, Sequence, Tuple
+from typing import List, Sequence
 
 import numpy as np
 import torch
@@ -122,33 +122,29 @@ class BatchedMatchingDINOHead(DINOHead):
         return torch.stack(costs).sum(dim=0)
 
     def _match_on_host(self, cls_scores_list: Sequence[Tensor], bbox_preds_list: Sequence[Tensor],
-                       factors: Tensor, batch_gt_instances: InstanceList
-                       ) -> List[Tuple[np.ndarray, np.ndarray]]:
-        """Per image, scipy's (query indices, GT indices) of the optimal
-        matching, both (min(Q_i, G_i),) int64; empty where Q_i or G_i is 0
-        (HungarianAssigner leaves those unmatched).  factors: (B, 4) (w, h,
-        w, h) per image in the GT boxes' dtype.  One device-to-host transfer
-        for the batch, none if no image needs matching."""
+                       factors: Tensor, pred_factors: Tensor, gt_instances: InstanceData,
+                       num_gts: List[int]) -> np.ndarray:
+        """The optimal matching of every image, as (3, P) int64 rows (query,
+        GT, image) with query and GT indices over the whole batch.  Images
+        with no query or no GT stay unmatched, as HungarianAssigner leaves
+        them.  factors: (B, 4) (w, h, w, h) per image in the GT boxes' dtype,
+        pred_factors the same in the predictions'; gt_instances: the GT boxes
+        and labels of all images, num_gts of them per image.  One
+        device-to-host transfer for the batch, none if no image needs
+        matching."""
         num_queries = [len(scores) for scores in cls_scores_list]
-        num_gts = [len(gts) for gts in batch_gt_instances]
+        q0, g0 = np.cumsum([0] + num_queries), np.cumsum([0] + num_gts)
         to_match = [i for i, (q, g) in enumerate(zip(num_queries, num_gts)) if q > 0 and g > 0]
-        matches = [(np.zeros(0, np.int64), np.zeros(0, np.int64)) for _ in num_queries]
         if not to_match:
-            return matches
+            return np.zeros((3, 0), np.int64)
         with torch.no_grad():  # HungarianAssigner detaches the cost: no graph to build
-            bbox_pred = torch.cat(list(bbox_preds_list))
-            # DETRHead scales by the image size in the predictions' dtype.
-            pred_factors = factors.to(bbox_pred.dtype)
             row_factors = torch.cat([f.expand(q, 4) for f, q in zip(factors, num_queries)])
-            boxes = bbox_cxcywh_to_xyxy(bbox_pred) * torch.cat(
+            # DETRHead scales by the image size in the predictions' dtype.
+            boxes = bbox_cxcywh_to_xyxy(torch.cat(list(bbox_preds_list))) * torch.cat(
                 [f.expand(q, 4) for f, q in zip(pred_factors, num_queries)])
-            gt_instances = InstanceData(
-                bboxes=torch.cat([gts.bboxes for gts in batch_gt_instances]),
-                labels=torch.cat([gts.labels for gts in batch_gt_instances]))
             gt_factors = torch.cat([f.expand(g, 4) for f, g in zip(factors, num_gts)])
             cost = self._batch_cost(torch.cat(list(cls_scores_list)), boxes, row_factors,
                                     gt_instances, gt_factors)
-            q0, g0 = np.cumsum([0] + num_queries), np.cumsum([0] + num_gts)
             packed = torch.cat([cost[q0[i]:q0[i + 1], g0[i]:g0[i + 1]].flatten()
                                 for i in to_match])
             # scipy matches in float64; numpy has no bfloat16, and upcasting a
@@ -156,10 +152,11 @@ class BatchedMatchingDINOHead(DINOHead):
             packed = packed.to(torch.promote_types(packed.dtype, torch.float32))
         host = packed.cpu().numpy()  # the one wait on the device
         sizes = [num_queries[i] * num_gts[i] for i in to_match]
+        matches = []
         for i, flat in zip(to_match, np.split(host, np.cumsum(sizes)[:-1])):
             rows, cols = linear_sum_assignment(flat.reshape(num_queries[i], num_gts[i]))
-            matches[i] = (rows.astype(np.int64), cols.astype(np.int64))
-        return matches
+            matches.append(np.stack([q0[i] + rows, g0[i] + cols, np.full_like(rows, i)]))
+        return np.concatenate(matches, axis=1).astype(np.int64)
 
     def get_targets(self, cls_scores_list: List[Tensor], bbox_preds_list: List[Tensor],
                     batch_gt_instances: InstanceList, batch_img_metas: List[dict]) -> tuple:
@@ -187,26 +184,24 @@ class BatchedMatchingDINOHead(DINOHead):
                 f"one entry per image expected: {num_imgs} cls_scores, {len(bbox_preds_list)} "
                 f"bbox_preds, {len(batch_gt_instances)} gt_instances, "
                 f"{len(batch_img_metas)} img_metas")
-        gt_bboxes = torch.cat([gts.bboxes for gts in batch_gt_instances])
+        gt_instances = InstanceData(
+            bboxes=torch.cat([gts.bboxes for gts in batch_gt_instances]),
+            labels=torch.cat([gts.labels for gts in batch_gt_instances]))
+        gt_bboxes = gt_instances.bboxes
         # (B, 4) = (w, h, w, h) per image, sent in one copy, in the GT boxes'
         # dtype (exact for image sizes; BBoxL1Cost's factor has that dtype)
         # and rounded to the predictions' on the device where DETRHead's is.
         factors = torch.tensor([[m["img_shape"][1], m["img_shape"][0]] * 2
                                 for m in batch_img_metas], dtype=gt_bboxes.dtype)
         factors = _to_device(factors, gt_bboxes.device)
-        matches = self._match_on_host(cls_scores_list, bbox_preds_list, factors,
-                                      batch_gt_instances)
-
-        # Targets of the whole batch, (sum Q_i, ...), written at the matches'
-        # flat indices and split per image at the end.
-        num_queries = [len(scores) for scores in cls_scores_list]
-        query_starts = np.cumsum([0] + num_queries[:-1])
-        gt_starts = np.cumsum([0] + [len(gts) for gts in batch_gt_instances[:-1]])
-        positives = np.concatenate(
-            [np.stack([query_starts[i] + rows, gt_starts[i] + cols, np.full_like(rows, i)])
-             for i, (rows, cols) in enumerate(matches)], axis=1)  # (3, P): query, GT, image
+        pred_factors = factors.to(bbox_preds_list[0].dtype)
+        positives = self._match_on_host(cls_scores_list, bbox_preds_list, factors, pred_factors,
+                                        gt_instances, [len(gts) for gts in batch_gt_instances])
         num_total_pos = positives.shape[1]
 
+        # Targets of the whole batch, (sum Q_i, ...), written at the matches'
+        # indices and split per image at the end.
+        num_queries = [len(scores) for scores in cls_scores_list]
         total = sum(num_queries)
         labels = gt_bboxes.new_full((total,), self.num_classes, dtype=torch.long)
         label_weights = gt_bboxes.new_ones(total)
@@ -214,15 +209,13 @@ class BatchedMatchingDINOHead(DINOHead):
         bbox_weights = gt_bboxes.new_zeros(total, 4)
         if num_total_pos:
             query, gt, img = _to_device(torch.from_numpy(positives), gt_bboxes.device)
-            gt_labels = torch.cat([gts.labels for gts in batch_gt_instances])
-            labels[query] = gt_labels[gt]
+            labels[query] = gt_instances.labels[gt]
             # index_fill_, not `[query] = 1.0`: a Python scalar would be
             # copied to the device (a wait) first.
             bbox_weights.index_fill_(0, query, 1.0)
             # Regressed in the image's normalised (cx, cy, w, h), as DETRHead
             # does (its factor in the predictions' dtype).
-            bbox_targets[query] = bbox_xyxy_to_cxcywh(
-                gt_bboxes[gt] / factors.to(bbox_preds_list[0].dtype)[img])
+            bbox_targets[query] = bbox_xyxy_to_cxcywh(gt_bboxes[gt] / pred_factors[img])
         return (list(labels.split(num_queries)), list(label_weights.split(num_queries)),
                 list(bbox_targets.split(num_queries)), list(bbox_weights.split(num_queries)),
                 num_total_pos, total - num_total_pos)
