@@ -3,7 +3,7 @@
 # is killed at 600 s, so every step runs under a deadline and the results are
 # packed before it).
 #
-#   bash benchmarks/run_e2e.sh {train|profile|seeds|ddp} OUT
+#   bash benchmarks/run_e2e.sh {train|profile|seeds|ap|ddp} OUT
 #
 # train:   DINO R50 on synthetic data in bf16 (then tools/parity.py eval of its
 #          checkpoint) and its fp32 twin, the same schedule; then, in the time
@@ -15,9 +15,18 @@
 #          atomics and forced fp32 accumulation (the pre-Hopper path).
 # seeds:   the synthetic R50 training of `train` once per variant of
 #          E2E_VARIANTS (default "bf16 fp32"; also bf16_fp32accum: bf16 with
-#          fp32 grad_value accumulation, the pre-Hopper path) and seed of
-#          E2E_SEEDS (default "0 1"), all runs at once (round-robin over the
-#          GPUs; on one GPU they share it): AP against seed-to-seed noise.
+#          fp32 grad_value accumulation, the pre-Hopper path; and
+#          bf16_fp32compute: bf16 AMP with the op run on an fp32 copy of the
+#          value) and seed of E2E_SEEDS (default "0 1"), all runs at once
+#          (round-robin over the GPUs; on one GPU they share it): AP against
+#          seed-to-seed noise.
+# ap:      seeds' runs on session 5's schedule, the one that reached AP 85 in
+#          fp32 (benchmarks/e2e/ap_b16): 16 images a step with msda_mm's
+#          BatchedMatchingDINOHead and fused AdamW (the host cut: ~0.33 s a
+#          step in bf16, 0.41 in fp32), E2E_EPOCHS (default 16) epochs of 63
+#          steps, evaluated every 4, LR drop 2 epochs before the end; seed
+#          0 unless E2E_SEEDS.  Meant for one run per GPU: on 2 GPUs, two
+#          variants (or seeds) a call, E2E_BUDGET_S=560 (fp32: ~500 s).
 # ddp:     (2 GPUs) the multi-GPU op test; the synthetic bf16 training through
 #          tools/dist_train.sh on 2 GPUs (2 x 4 images a step), then the same
 #          schedule on one GPU (8 images a step) once per GPU, seeds 0 and 1
@@ -38,7 +47,7 @@ set -uo pipefail  # no -e: a failed step is recorded and the others still run
 
 PART=${1:-}
 OUT=${2:-}
-[[ $PART =~ ^(train|profile|seeds|ddp)$ && -n $OUT ]] || { echo "usage: $0 {train|profile|seeds|ddp} OUT" >&2; exit 2; }
+[[ $PART =~ ^(train|profile|seeds|ap|ddp)$ && -n $OUT ]] || { echo "usage: $0 {train|profile|seeds|ap|ddp} OUT" >&2; exit 2; }
 mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd) && cd "$(dirname "$0")/.." || exit 2
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 END=$((SECONDS + ${E2E_BUDGET_S:-530}))  # SECONDS counts on in the lanes' subshells
@@ -46,6 +55,8 @@ RES=work_dirs/e2e/$PART
 SUMMARY=$OUT/$PART.log
 
 EPOCHS=${E2E_EPOCHS:-4}
+[[ $PART == ap ]] && EPOCHS=${E2E_EPOCHS:-16}
+WORKERS=2  # loader workers per seeds run: the runs share the host's cores
 if [[ ${E2E_SMOKE:-0} == 1 ]]; then
     TINY=configs/synthetic/dino_tiny_cpu.py
     SYN_BF16=$TINY SYN_FP32=$TINY COCO_BF16=$TINY COCO_FP32=$TINY
@@ -59,18 +70,34 @@ else
     COCO_BF16=configs/dino_bf16.py COCO_FP32=configs/dino_fp32.py
     SIZE=(800 1333) BATCHES=(2 8) PARITY_ITERS=50
     TRAIN_OPTS=() EVAL_OPTS=() PROFILE_OPTS=()
+    [[ $PART == ap ]] && WORKERS=6  # one run per GPU: 16 images a step to decode
 fi
 [[ $EPOCHS =~ ^[0-9]+$ && $EPOCHS -ge 2 ]] || { echo "$0: E2E_EPOCHS must be >= 2" >&2; exit 2; }
 # The synthetic configs' 6-epoch schedule rescaled to EPOCHS (6 gives it back):
 # validation halfway and at the end, LR drop before the last epoch; a
 # checkpoint every epoch so that a run cut by the deadline still has one;
 # the loss logged every 10 iterations, for curves to compare the precisions.
-TRAIN_OPTS+=(train_cfg.max_epochs="$EPOCHS" train_cfg.val_interval=$(((EPOCHS + 1) / 2))
-             param_scheduler.0.end="$EPOCHS" "param_scheduler.0.milestones=[$((EPOCHS - 1))]"
-             default_hooks.checkpoint.interval=1 default_hooks.logger.interval=10)
+if [[ $PART == ap ]]; then
+    # Session 5's schedule (see the header); the checkpoints only with the
+    # evaluations (each is ~570 MB with AdamW's state).
+    val=$((EPOCHS < 4 ? EPOCHS : 4))
+    TRAIN_OPTS+=(train_cfg.max_epochs="$EPOCHS" train_cfg.val_interval=$val
+                 param_scheduler.0.end="$EPOCHS"
+                 "param_scheduler.0.milestones=[$((EPOCHS > 2 ? EPOCHS - 2 : 1))]"
+                 default_hooks.checkpoint.interval=$val default_hooks.logger.interval=10
+                 train_dataloader.batch_size=16 model.bbox_head.type=BatchedMatchingDINOHead
+                 optim_wrapper.optimizer.fused=True)
+else
+    TRAIN_OPTS+=(train_cfg.max_epochs="$EPOCHS" train_cfg.val_interval=$(((EPOCHS + 1) / 2))
+                 param_scheduler.0.end="$EPOCHS" "param_scheduler.0.milestones=[$((EPOCHS - 1))]"
+                 default_hooks.checkpoint.interval=1 default_hooks.logger.interval=10)
+fi
 # The pre-Hopper bf16 path: every MSDA module of DINO accumulates grad_value in fp32.
 FP32_ACCUM=(model.encoder.layer_cfg.self_attn_cfg.fp32_grad_accum=True
             model.decoder.layer_cfg.cross_attn_cfg.fp32_grad_accum=True)
+# bf16 AMP with every MSDA op run on an fp32 copy of its value (fp32_compute).
+FP32_COMPUTE=(model.encoder.layer_cfg.self_attn_cfg.fp32_compute=True
+              model.decoder.layer_cfg.cross_attn_cfg.fp32_compute=True)
 
 if [[ -n ${CUDA_VISIBLE_DEVICES:-} ]]; then
     IFS=, read -ra GPUS <<< "$CUDA_VISIBLE_DEVICES"
@@ -79,9 +106,11 @@ else
                         python3 -c 'import torch; [print(i) for i in range(torch.cuda.device_count())]')
 fi
 VARIANTS=${E2E_VARIANTS:-bf16 fp32}
+SEEDS=${E2E_SEEDS:-0 1}
+[[ $PART == ap ]] && SEEDS=${E2E_SEEDS:-0}  # one run per GPU
 for variant in $VARIANTS; do
-    [[ $variant =~ ^(bf16|fp32|bf16_fp32accum)$ ]] ||
-        { echo "$0: E2E_VARIANTS: unknown variant '$variant' (bf16, fp32, bf16_fp32accum)" >&2; exit 2; }
+    [[ $variant =~ ^(bf16|fp32|bf16_fp32accum|bf16_fp32compute)$ ]] ||
+        { echo "$0: E2E_VARIANTS: unknown variant '$variant' (bf16, fp32, bf16_fp32accum, bf16_fp32compute)" >&2; exit 2; }
     # Two runs of one variant and seed would share a work_dir.
     [[ " ${seen:-} " != *" $variant "* ]] ||
         { echo "$0: E2E_VARIANTS: '$variant' given twice" >&2; exit 2; }
@@ -177,16 +206,16 @@ profile_bf16() { profile_lane "$COCO_BF16" bf16 fp32accum "${FP32_ACCUM[@]}"; }
 # seed_runs: every (variant, seed) training at once, GPUs round-robin.
 seed_runs() {
     local i=0 seed variant gpu cfg extra
-    for seed in ${E2E_SEEDS:-0 1}; do
+    for seed in $SEEDS; do
         for variant in $VARIANTS; do
             gpu=${GPUS[i++ % (${#GPUS[@]} > 0 ? ${#GPUS[@]} : 1)]:-}
             cfg=$SYN_BF16 extra=()
             [[ $variant == fp32 ]] && cfg=$SYN_FP32
             [[ $variant == bf16_fp32accum ]] && extra=("${FP32_ACCUM[@]}")
-            # Two loader workers each: the runs share the host's cores.
+            [[ $variant == bf16_fp32compute ]] && extra=("${FP32_COMPUTE[@]}")
             CUDA_VISIBLE_DEVICES=$gpu step "train_${variant}_seed$seed" 0 python3 tools/train.py \
                 "$cfg" --work-dir "$RES/syn_${variant}_seed$seed" --cfg-options "${TRAIN_OPTS[@]}" \
-                randomness.seed="$seed" train_dataloader.num_workers=2 "${extra[@]}" &
+                randomness.seed="$seed" train_dataloader.num_workers=$WORKERS "${extra[@]}" &
         done
     done
     wait
@@ -217,7 +246,7 @@ if [[ $PART == train ]]; then
     step prepare_data 0 python3 - "${SIZE[0]}x${SIZE[1]}" "$SYN_BF16" <<< "$PREPARE_DATA"
     lanes train_bf16 train_fp32
     headline='bbox_mAP_copypaste|^coco/bbox_mAP |^(PASS|FAIL)|^\| [0-9]'
-elif [[ $PART == seeds ]]; then
+elif [[ $PART == seeds || $PART == ap ]]; then
     step prepare_data 0 python3 - "$SYN_BF16" <<< "$PREPARE_DATA"
     seed_runs
     headline='bbox_mAP_copypaste'

@@ -51,6 +51,28 @@ def test_seeds_part_trains_each_variant_per_seed(tmp_path):
     assert summary.count("bbox_mAP_copypaste") == 4, summary  # 2 evaluations a run
 
 
+def test_ap_part_runs_session_5s_schedule(tmp_path):
+    # The batch-16 schedule with the host cut, on the variant that runs the
+    # op in fp32 under bf16 AMP; seed 0 unless E2E_SEEDS.
+    env = dict(os.environ, E2E_SMOKE="1", CUDA_VISIBLE_DEVICES="",
+               E2E_VARIANTS="bf16_fp32compute")
+    env.pop("TRITON_INTERPRET", None)
+    env.pop("E2E_SEEDS", None)
+    run = subprocess.run(["bash", str(SCRIPT), "ap", str(tmp_path)], env=env,
+                         capture_output=True, text=True, timeout=600)
+    summary = (tmp_path / "ap.log").read_text()
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    steps = {line.split()[0]: line for line in summary.splitlines() if " rc=" in line}
+    assert set(steps) == {"prepare_data", "train_bf16_fp32compute_seed0"}, summary
+    line = steps["train_bf16_fp32compute_seed0"]
+    assert " rc=0 " in line, summary
+    for option in ("train_dataloader.batch_size=16", "bbox_head.type=BatchedMatchingDINOHead",
+                   "optimizer.fused=True", "self_attn_cfg.fp32_compute=True",
+                   "cross_attn_cfg.fp32_compute=True", "randomness.seed=0"):
+        assert option in line, summary
+    assert "bbox_mAP_copypaste" in summary, summary
+
+
 @pytest.mark.parametrize("variants, message", [("bf16 fp8", "unknown variant 'fp8'"),
                                                ("bf16 fp32 bf16", "'bf16' given twice")])
 def test_bad_variants_are_refused(variants, message, tmp_path):

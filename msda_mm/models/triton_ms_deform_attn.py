@@ -43,17 +43,30 @@ class TritonMSDeformAttn(MultiScaleDeformableAttention):
     dropout, batch_first, norm_cfg, init_cfg, value_proj_ratio; and
     fp32_grad_accum, the op's choice of grad_value accumulation (None: per
     device; True/False force fp32 scratch or native atomics), so a config
-    can run the pre-Hopper bf16 path on an H100/H200.  A plain attribute:
-    state_dict and checkpoints are unchanged.
+    can run the pre-Hopper bf16 path on an H100/H200; and fp32_compute:
+    run the op on an fp32 copy of the projected value under mixed precision
+    (output and grad_value fp32 too; locations and weights are fp32
+    anyway), as mmcv's ``grid_sample`` path does under autocast, at the fp32
+    kernels' cost (encoder preset 231 / 866 us against 172 / 558 in bf16).
+    It exists as the control of an open question: in session 5's bf16 DINO
+    trainings the three runs with the op on bf16 values stalled and the one
+    with fp32_compute did not (benchmarks/e2e/ap_b16), although the bf16
+    and fp32 kernels compute the same on the same values
+    (tests/ops/test_msda_bf16_matches_fp32.py).  Both are plain
+    attributes: state_dict and checkpoints are unchanged.
 
     Forward does no host synchronisation: mmcv's check that spatial_shapes
     cover the value sequence (a device-to-host read) is left to the op, which
     checks it for CPU shapes only.
     """
 
-    def __init__(self, *args, fp32_grad_accum: Optional[bool] = None, **kwargs):
+    def __init__(self, *args, fp32_grad_accum: Optional[bool] = None,
+                 fp32_compute: bool = False, **kwargs):
+        if not isinstance(fp32_compute, bool):
+            raise TypeError(f"fp32_compute must be True or False, got {fp32_compute!r}")
         super().__init__(*args, **kwargs)
         self.fp32_grad_accum = fp32_grad_accum
+        self.fp32_compute = fp32_compute
 
     @deprecated_api_warning({"residual": "identity"}, cls_name="TritonMSDeformAttn")
     def forward(self,
@@ -111,8 +124,11 @@ class TritonMSDeformAttn(MultiScaleDeformableAttention):
 
     def _project_value(self, value: Tensor, key_padding_mask: Optional[Tensor]) -> Tensor:
         """(B, S, C) -> (B, S, M, D); padded positions zeroed.  Kept in the
-        projection's dtype (bf16 under autocast): the kernels read it as is."""
+        projection's dtype (bf16 under autocast): the kernels read it as is,
+        unless fp32_compute (then at least fp32; fp64 stays)."""
         value = self.value_proj(value)
+        if self.fp32_compute:
+            value = value.to(torch.promote_types(value.dtype, torch.float32))
         if key_padding_mask is not None:
             value = value.masked_fill(key_padding_mask[..., None], 0.0)
         return value.unflatten(-1, (self.num_heads, -1))

@@ -161,6 +161,26 @@ def test_fp32_grad_accum_reaches_the_op(reference_backend, op_calls):
     assert [c["fp32_grad_accum"] for c in op_calls] == [None, True]
 
 
+def test_fp32_compute_hands_the_op_an_fp32_value(reference_backend, op_calls):
+    # Under bf16 autocast the projected value is bf16 (the test above);
+    # fp32_compute casts it up before the op, so the op runs (and returns,
+    # and differentiates) in fp32, and output_proj rounds as before.
+    default = randomise(TritonMSDeformAttn(**ARGS))
+    fp32 = MODELS.build(dict(type="TritonMSDeformAttn", fp32_compute=True, **ARGS))
+    fp32.load_state_dict(default.state_dict(), strict=True)
+    inputs = attention_inputs()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out_bf16, out_fp32 = default(**inputs), fp32(**inputs)
+    assert [c["value"] for c in op_calls] == [torch.bfloat16, torch.float32]
+    # Same values through the op: the results differ by output rounding only.
+    torch.testing.assert_close(out_fp32, out_bf16, rtol=2e-2, atol=2e-2)
+    # fp64 models stay fp64.
+    fp32.double()(**attention_inputs(dtype=torch.float64))
+    assert op_calls[-1]["value"] == torch.float64
+    with pytest.raises(TypeError, match="fp32_compute must be True or False"):
+        TritonMSDeformAttn(fp32_compute="yes", **ARGS)
+
+
 def test_module_on_triton_kernels_matches_reference(monkeypatch):
     # The one test through the kernels: CUDA if present, else Triton's
     # interpreter on CPU tensors (tiny shapes: the interpreter is slow).

@@ -1,0 +1,86 @@
+"""The bf16 kernels compute what the fp32 kernels compute, on the same values.
+
+Under bf16 AMP, DINO hands the op a bf16 value and fp32 locations and
+weights, and output_proj rounds the op's output to bf16 whatever dtype it
+has.  So a bf16 run differs from the op fed the same values upcast to fp32
+only by the output's rounding and the order of fp32 sums: the output must
+be within one bf16 unit of the fp32 kernels' result, the location and
+weight gradients (fp32) and grad_value accumulated in fp32 within fp32
+summation-order noise.  A kernel that multiplied or summed in bf16 would be
+off by several units (forward) or ~1e-2 relative (gradients).
+
+Why this is a test of its own: in session 5's DINO trainings
+(benchmarks/e2e/ap_b16) the three runs with the op on bf16 values stalled
+where the op fed fp32 values did not; this pins the equivalence down on the
+CPU (interpreter) and, marked gpu, at DINO's training shapes.
+"""
+import pytest
+import torch
+
+from msda_mm import multi_scale_deformable_attention as msda
+from msda_mm.ops import launch
+
+
+def _bf16_ulps(x: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
+    """|x - ref| in units of bf16 spacing at ref (8 significant bits)."""
+    x, ref = x.double(), ref.double()
+    spacing = torch.exp2(torch.floor(torch.log2(ref.abs().clamp_min(2.0**-100))) - 7)
+    return (x - ref).abs() / spacing
+
+
+def _run(value, shapes, loc, attn, grad_out, **kw):
+    leaves = [t.detach().clone().requires_grad_() for t in (value, loc, attn)]
+    out = msda(leaves[0], shapes, None, leaves[1], leaves[2], **kw)
+    grads = torch.autograd.grad(out, leaves, grad_out.to(out.dtype))
+    return (out, *grads)
+
+
+def _inputs(B, Q, M, D, shapes, K, device, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    shapes = torch.tensor(shapes)
+    L, S = len(shapes), int((shapes[:, 0] * shapes[:, 1]).sum())
+    value = torch.randn(B, S, M, D, generator=g).bfloat16()
+    # Mostly inside the image, some points off its edges, as trained offsets.
+    loc = torch.rand(B, Q, M, L, K, 2, generator=g) * 1.2 - 0.1
+    attn = torch.randn(B, Q, M, L * K, generator=g).softmax(-1).unflatten(-1, (L, K))
+    grad_out = torch.randn(B, Q, M * D, generator=g).bfloat16()
+    return [t.to(device) for t in (value, shapes, loc, attn, grad_out)]
+
+
+def _assert_bf16_matches_fp32(value, shapes, loc, attn, grad_out, fp32_grad_accum):
+    out32, gv32, gl32, ga32 = _run(value.float(), shapes, loc, attn, grad_out.float())
+    out16, gv16, gl16, ga16 = _run(value, shapes, loc, attn, grad_out,
+                                   fp32_grad_accum=fp32_grad_accum)
+    assert out16.dtype == torch.bfloat16 and gl16.dtype == ga16.dtype == torch.float32
+    worst = _bf16_ulps(out16, out32).max().item()
+    assert worst <= 1.0, f"bf16 output {worst:.2f} bf16 units from the fp32 kernels'"
+    for name, got, want in (("grad_loc", gl16, gl32), ("grad_attn", ga16, ga32)):
+        rel = ((got - want).norm() / want.norm()).item()
+        assert rel < 1e-5, f"{name}: relative difference {rel:.1e} from the fp32 kernels'"
+    if fp32_grad_accum:
+        worst = _bf16_ulps(gv16, gv32).max().item()
+        assert worst <= 1.0, f"grad_value {worst:.2f} bf16 units from the fp32 kernels'"
+
+
+@pytest.mark.parametrize("kernel", ["fwd", "pairs"])
+def test_interpreted_bf16_kernels_match_fp32(kernel):
+    # Small shapes for the interpreter; "pairs" sends the forward to
+    # msda_fwd_pairs_kernel, which the GPU uses for the encoder's grids.
+    inputs = _inputs(B=1, Q=9, M=2, D=32, shapes=((6, 5), (3, 3)), K=4, device="cpu")
+    tiles = dict(pairs=(8, 1)) if kernel == "pairs" else {}
+    with launch.tile_override(**tiles):
+        _assert_bf16_matches_fp32(*inputs, fp32_grad_accum=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fp32_grad_accum", [True, False], ids=["fp32_accum", "native"])
+@pytest.mark.parametrize("layer,Q", [("encoder", None), ("decoder", 400)])
+def test_bf16_kernels_match_fp32_at_dino_training_shapes(layer, Q, fp32_grad_accum):
+    """benchmarks/e2e/ap_b16's shapes: batch 16 of 512 x 512 images (strides
+    8-64), 8 heads of 32 channels, 4 points a level; the encoder's queries
+    are its S positions (the pairs forward), the decoder's 100 queries plus
+    denoising ones."""
+    shapes = ((64, 64), (32, 32), (16, 16), (8, 8))
+    S = sum(h * w for h, w in shapes)
+    inputs = _inputs(B=16, Q=Q or S, M=8, D=32, shapes=shapes, K=4, device="cuda")
+    _assert_bf16_matches_fp32(*inputs, fp32_grad_accum=fp32_grad_accum)
