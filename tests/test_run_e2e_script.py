@@ -54,10 +54,9 @@ def test_seeds_part_trains_each_variant_per_seed(tmp_path):
 def test_ap_part_runs_session_5s_schedule(tmp_path):
     # The batch-16 schedule with the host cut, on the variant that runs the
     # op in fp32 under bf16 AMP; seed 0 unless E2E_SEEDS.
-    env = dict(os.environ, E2E_SMOKE="1", CUDA_VISIBLE_DEVICES="",
-               E2E_VARIANTS="bf16_fp32compute")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("E2E_")}
+    env.update(E2E_SMOKE="1", CUDA_VISIBLE_DEVICES="", E2E_VARIANTS="bf16_fp32compute")
     env.pop("TRITON_INTERPRET", None)
-    env.pop("E2E_SEEDS", None)
     run = subprocess.run(["bash", str(SCRIPT), "ap", str(tmp_path)], env=env,
                          capture_output=True, text=True, timeout=600)
     summary = (tmp_path / "ap.log").read_text()
@@ -68,9 +67,23 @@ def test_ap_part_runs_session_5s_schedule(tmp_path):
     assert " rc=0 " in line, summary
     for option in ("train_dataloader.batch_size=16", "bbox_head.type=BatchedMatchingDINOHead",
                    "optimizer.fused=True", "self_attn_cfg.fp32_compute=True",
-                   "cross_attn_cfg.fp32_compute=True", "randomness.seed=0"):
+                   "cross_attn_cfg.fp32_compute=True", "randomness.seed=0",
+                   # smoke: 2 epochs, evaluated (and saved) at the end, LR drop after 1
+                   "train_cfg.max_epochs=2", "train_cfg.val_interval=2",
+                   "param_scheduler.0.milestones=[1]", "checkpoint.interval=2"):
         assert option in line, summary
     assert "bbox_mAP_copypaste" in summary, summary
+    assert "warning" not in summary, summary
+
+
+def test_ap_part_warns_when_runs_share_a_gpu(tmp_path):
+    # Two runs on one GPU; a zero budget skips every step after the warning.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("E2E_")}
+    env.update(E2E_SMOKE="1", CUDA_VISIBLE_DEVICES="0", E2E_VARIANTS="bf16 fp32",
+               E2E_BUDGET_S="0")
+    run = subprocess.run(["bash", str(SCRIPT), "ap", str(tmp_path)], env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert "warning: 2 ap runs on 1 GPU(s)" in run.stderr, run.stderr[-2000:]
 
 
 @pytest.mark.parametrize("variants, message", [("bf16 fp8", "unknown variant 'fp8'"),

@@ -44,13 +44,16 @@ class TritonMSDeformAttn(MultiScaleDeformableAttention):
     fp32_grad_accum, the op's choice of grad_value accumulation (None: per
     device; True/False force fp32 scratch or native atomics), so a config
     can run the pre-Hopper bf16 path on an H100/H200; and fp32_compute:
-    run the op on an fp32 copy of the projected value under mixed precision
-    (output and grad_value fp32 too; locations and weights are fp32
-    anyway), as mmcv's ``grid_sample`` path does under autocast, at the fp32
-    kernels' cost (encoder preset 231 / 866 us against 172 / 558 in bf16).
+    run the op on an fp32 copy of the projected value (its output and
+    grad_value fp32 too; locations and weights are fp32 anyway), as mmcv's
+    ``grid_sample`` path does under autocast, at the fp32 kernels' cost
+    (encoder preset 231 / 866 us against 172 / 558 in bf16).  The output
+    goes back to the projection's dtype before output_proj, which under
+    autocast rounds it there anyway and in a half model takes half.
     It exists as the control of an open question: in session 5's bf16 DINO
-    trainings the three runs with the op on bf16 values stalled and the one
-    with fp32_compute did not (benchmarks/e2e/ap_b16), although the bf16
+    trainings the three runs with the op on bf16 values lagged far behind
+    fp32 and the one with fp32_compute did not (benchmarks/e2e/ap_b16),
+    although the bf16
     and fp32 kernels compute the same on the same values
     (tests/ops/test_msda_bf16_matches_fp32.py).  Both are plain
     attributes: state_dict and checkpoints are unchanged.
@@ -113,22 +116,23 @@ class TritonMSDeformAttn(MultiScaleDeformableAttention):
             query, value = query.transpose(0, 1), value.transpose(0, 1)
 
         value = self._project_value(value, key_padding_mask)
+        projected_dtype = value.dtype
+        if self.fp32_compute:
+            value = value.to(torch.promote_types(projected_dtype, torch.float32))
         locations, weights = self._sampling_points(query, reference_points, spatial_shapes)
         output = multi_scale_deformable_attention(value, spatial_shapes, level_start_index,
                                                   locations, weights,
                                                   fp32_grad_accum=self.fp32_grad_accum)
-        output = self.output_proj(output)
+        output = self.output_proj(output.to(projected_dtype))
         if not self.batch_first:
             output = output.transpose(0, 1)
         return self.dropout(output) + identity
 
     def _project_value(self, value: Tensor, key_padding_mask: Optional[Tensor]) -> Tensor:
         """(B, S, C) -> (B, S, M, D); padded positions zeroed.  Kept in the
-        projection's dtype (bf16 under autocast): the kernels read it as is,
-        unless fp32_compute (then at least fp32; fp64 stays)."""
+        projection's dtype (bf16 under autocast): the kernels read it as is
+        (unless fp32_compute, see forward)."""
         value = self.value_proj(value)
-        if self.fp32_compute:
-            value = value.to(torch.promote_types(value.dtype, torch.float32))
         if key_padding_mask is not None:
             value = value.masked_fill(key_padding_mask[..., None], 0.0)
         return value.unflatten(-1, (self.num_heads, -1))

@@ -177,6 +177,9 @@ def test_fp32_compute_hands_the_op_an_fp32_value(reference_backend, op_calls):
     # fp64 models stay fp64.
     fp32.double()(**attention_inputs(dtype=torch.float64))
     assert op_calls[-1]["value"] == torch.float64
+    # A half model without autocast: the op in fp32, output_proj in bf16.
+    fp32.bfloat16()(**attention_inputs(dtype=torch.bfloat16))
+    assert op_calls[-1]["value"] == torch.float32
     with pytest.raises(TypeError, match="fp32_compute must be True or False"):
         TritonMSDeformAttn(fp32_compute="yes", **ARGS)
 
