@@ -25,8 +25,10 @@
 #          BatchedMatchingDINOHead and fused AdamW (the host cut: ~0.33 s a
 #          step in bf16, 0.41 in fp32), E2E_EPOCHS (default 16) epochs of 63
 #          steps, evaluated every 4, LR drop 2 epochs before the end; seed
-#          0 unless E2E_SEEDS.  Meant for one run per GPU: on 2 GPUs, two
-#          variants (or seeds) a call, E2E_BUDGET_S=560 (fp32: ~500 s).
+#          0 unless E2E_SEEDS; each bf16 run then gets `tools/parity.py
+#          grads` on its epoch-4 checkpoint (see seed_run).  Meant for one run
+#          per GPU: on 2 GPUs, two variants (or seeds) a call; E2E_BUDGET_S
+#          defaults to 560 here (fp32: ~500 s).
 # ddp:     (2 GPUs) the multi-GPU op test; the synthetic bf16 training through
 #          tools/dist_train.sh on 2 GPUs (2 x 4 images a step), then the same
 #          schedule on one GPU (8 images a step) once per GPU, seeds 0 and 1
@@ -220,12 +222,28 @@ seed_runs() {
             [[ $variant == fp32 ]] && cfg=$SYN_FP32
             [[ $variant == bf16_fp32accum ]] && extra=("${FP32_ACCUM[@]}")
             [[ $variant == bf16_fp32compute ]] && extra=("${FP32_COMPUTE[@]}")
-            CUDA_VISIBLE_DEVICES=$gpu step "train_${variant}_seed$seed" 0 python3 tools/train.py \
-                "$cfg" --work-dir "$RES/syn_${variant}_seed$seed" --cfg-options "${TRAIN_OPTS[@]}" \
-                randomness.seed="$seed" train_dataloader.num_workers=$WORKERS "${extra[@]}" &
+            CUDA_VISIBLE_DEVICES=$gpu seed_run "$variant" "$seed" "$cfg" "${extra[@]}" &
         done
     done
     wait
+}
+
+# seed_run VARIANT SEED CONFIG [OPTIONS...]: one training; in the ap part a
+# bf16 run then gets tools/parity.py grads on its first checkpoint (step 252,
+# the loss plateau where session 5's bf16 runs lagged): one batch's
+# gradients with the op on bf16 values against fp32_compute, beside their
+# run-to-run floor.  It needs ~60 s, kept back from the training.
+seed_run() {
+    local variant=$1 seed=$2 cfg=$3 work=$RES/syn_$1_seed$2 grads=0
+    shift 3
+    [[ $PART == ap && $variant != fp32 ]] && grads=1
+    step "train_${variant}_seed$seed" $((grads * 60)) python3 tools/train.py "$cfg" \
+        --work-dir "$work" --cfg-options "${TRAIN_OPTS[@]}" randomness.seed="$seed" \
+        train_dataloader.num_workers=$WORKERS "$@"
+    ((grads)) || return 0
+    step "grads_${variant}_seed$seed" 0 python3 tools/parity.py grads "$cfg" \
+        --checkpoint "$work/epoch_$val.pth" --seed "$seed" --out "$work/parity_grads" \
+        --cfg-options "${TRAIN_OPTS[@]}" "$@"
 }
 
 # ddp_runs: the 2-GPU training, its one-GPU twins and the tests of its
@@ -256,7 +274,7 @@ if [[ $PART == train ]]; then
 elif [[ $PART == seeds || $PART == ap ]]; then
     step prepare_data 0 python3 - "$SYN_BF16" <<< "$PREPARE_DATA"
     seed_runs
-    headline='bbox_mAP_copypaste'
+    headline='bbox_mAP_copypaste|^    (configured twice|fp32_compute) '
 elif [[ $PART == ddp ]]; then
     step prepare_data 0 python3 - "$SYN_BF16" <<< "$PREPARE_DATA"
     step multigpu_test 0 python3 -m pytest -q -rs -m multigpu tests/ops/test_msda_gpu.py

@@ -80,6 +80,23 @@ def test_eval_of_one_checkpoint_passes(tiny, tmp_path):
     assert all(r["max_abs_diff"] < 1e-4 * max(1.0, r["max_abs_mmcv"]) for r in report["layers"])
 
 
+@pytest.mark.slow
+def test_grads_compares_three_backward_passes_of_one_batch(tiny, tmp_path):
+    options, checkpoint = tiny
+    # An fp32 config on the CPU: fp32_compute changes nothing and the
+    # reference is deterministic, so every difference is exactly zero.
+    run = _parity("grads", CONFIG, "--checkpoint", checkpoint, "--out", str(tmp_path), *options)
+    assert run.returncode == 0, (run.stdout + run.stderr)[-4000:]
+    report = json.loads((tmp_path / "parity_grads.json").read_text())
+    assert set(report["losses"]) == {"configured", "configured_again", "fp32_compute"}
+    assert len(set(report["losses"].values())) == 1
+    names = {r["parameter"] for r in report["parameters"]}
+    assert "encoder.layers.0.self_attn.value_proj.weight" in names and len(names) > 100
+    assert report["summary"]["floor"]["max"] == report["summary"]["fp32_compute"]["max"] == 0
+    assert report["checkpoint"] == checkpoint
+    assert "most moved by fp32_compute" in run.stdout
+
+
 @pytest.fixture
 def parity_tool(monkeypatch):
     """tools/parity.py's globals (its siblings common.py, train.py importable)."""

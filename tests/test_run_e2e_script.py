@@ -53,7 +53,8 @@ def test_seeds_part_trains_each_variant_per_seed(tmp_path):
 
 def test_ap_part_runs_session_5s_schedule(tmp_path):
     # The batch-16 schedule with the host cut, on the variant that runs the
-    # op in fp32 under bf16 AMP; seed 0 unless E2E_SEEDS.
+    # op in fp32 under bf16 AMP; seed 0 unless E2E_SEEDS; then the gradient
+    # comparison of a bf16 variant.
     env = {k: v for k, v in os.environ.items() if not k.startswith("E2E_")}
     env.update(E2E_SMOKE="1", CUDA_VISIBLE_DEVICES="", E2E_VARIANTS="bf16_fp32compute")
     env.pop("TRITON_INTERPRET", None)
@@ -62,9 +63,10 @@ def test_ap_part_runs_session_5s_schedule(tmp_path):
     summary = (tmp_path / "ap.log").read_text()
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     steps = {line.split()[0]: line for line in summary.splitlines() if " rc=" in line}
-    assert set(steps) == {"prepare_data", "train_bf16_fp32compute_seed0"}, summary
+    assert set(steps) == {"prepare_data", "train_bf16_fp32compute_seed0",
+                          "grads_bf16_fp32compute_seed0"}, summary
+    assert all(" rc=0 " in line for line in steps.values()), summary
     line = steps["train_bf16_fp32compute_seed0"]
-    assert " rc=0 " in line, summary
     for option in ("train_dataloader.batch_size=16", "bbox_head.type=BatchedMatchingDINOHead",
                    "optimizer.fused=True", "self_attn_cfg.fp32_compute=True",
                    "cross_attn_cfg.fp32_compute=True", "randomness.seed=0",
@@ -74,6 +76,12 @@ def test_ap_part_runs_session_5s_schedule(tmp_path):
         assert option in line, summary
     assert "bbox_mAP_copypaste" in summary, summary
     assert "warning" not in summary, summary
+    # The bf16 run's gradients against fp32_compute, on its first checkpoint.
+    grads = steps["grads_bf16_fp32compute_seed0"]
+    assert "parity.py grads" in grads and "epoch_2.pth" in grads, summary
+    assert "fp32_compute" in summary.split("# results", 1)[1], summary
+    with tarfile.open(tmp_path / "ap.tar.gz") as tar:
+        assert any(n.endswith("parity_grads/parity_grads.json") for n in tar.getnames())
 
 
 def test_ap_part_warns_when_runs_share_a_gpu(tmp_path):

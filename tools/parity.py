@@ -4,6 +4,7 @@ inside a whole detector.
     python tools/parity.py eval CONFIG CHECKPOINT [--max-batches N] [--tolerance-ap 0.1]
         [--tolerance-layer X] [--out DIR] [--cfg-options k=v ...]
     python tools/parity.py train CONFIG [--iters N] [--seed S] [--out DIR] [--cfg-options k=v ...]
+    python tools/parity.py grads CONFIG [--checkpoint CKPT] [--seed S] [--out DIR] [--cfg-options k=v ...]
 
 Each run switches every MSDA module of one model between the two ops (same
 weights: see msda_mm/e2e/attention.py for what the mmcv side runs).
@@ -16,6 +17,13 @@ within --tolerance-layer, if given), 1 if not.  Writes parity_eval.json.
 train: --iters training steps with each op from the same weights, seed
 and data order; compares the total loss per iteration (relative
 difference) and writes parity_train.json and parity_train.png.
+
+grads: not mmcv's side but msda_mm's own precision: one training batch,
+backward three times from the same weights and random state, with the op as
+configured (twice: the run-to-run floor of its atomics) and with
+``fp32_compute=True`` on every TritonMSDeformAttn (msda_mm/e2e/gradients.py);
+the relative difference of each parameter's gradient.  Writes
+parity_grads.json.
 """
 from __future__ import annotations
 
@@ -27,13 +35,14 @@ import sys
 
 import torch
 from mmengine.logging import print_log
+from mmengine.runner import set_random_seed
 
 from common import build_runner, load_config
 from train import check_precision
 
 # isort: split
 # After common, which imports msda_mm (mmcv-lite shims first).
-from msda_mm.e2e import compare, training
+from msda_mm.e2e import compare, gradients, training
 from msda_mm.e2e.attention import OPS, describe, recorded_outputs, use_op
 from msda_mm.e2e.cli import (add_config_args, config_namespace, model_device, positive_int,
                              write_json)
@@ -75,6 +84,16 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="seed of weights, data order and random draws, the same for both ops "
                          "(default 0)")
     tr.set_defaults(run=train)
+
+    gr = commands.add_parser("grads", help="one batch's gradients with the op as configured "
+                                           "and with fp32_compute")
+    add_config_args(gr, default_out="parity_grads")
+    gr.add_argument("--checkpoint", help="weights to start from (default: the model's own "
+                                         "initialisation, or the config's load_from)")
+    gr.add_argument("--seed", type=int, default=0, metavar="S",
+                    help="seed of the weights' initialisation, the batch and the random "
+                         "draws of every pass (default 0)")
+    gr.set_defaults(run=grads)
     return parser.parse_args(argv)
 
 
@@ -213,6 +232,44 @@ def train(args: argparse.Namespace) -> int:
     print(f"max relative difference of the total loss: {rel_diff[worst]:.3e} "
           f"(iteration {worst + 1})\nWritten: {args.out / 'parity_train.json'}, "
           f"{args.out / 'parity_train.png'}")
+    return 0
+
+
+def grads(args: argparse.Namespace) -> int:
+    cfg = _load(args)
+    cfg.randomness = dict(seed=args.seed)
+    if args.checkpoint is not None:
+        if not osp.isfile(args.checkpoint):
+            raise SystemExit(f"checkpoint not found: {args.checkpoint}")
+        cfg.load_from = args.checkpoint
+    runner = build_runner(cfg)
+    training.init_weights(runner, cfg)
+    optim_wrapper, batches = training.start(runner, cfg, args.seed)
+    batch, model = next(batches), runner.model
+
+    def loss():
+        # train_step's forward, without the update.
+        with optim_wrapper.optim_context(model):
+            losses = model._run_forward(model.data_preprocessor(batch, True), mode="loss")
+        return model.parse_losses(losses)[0]
+
+    report = gradients.compare(model, loss, lambda: set_random_seed(args.seed))
+    device = model_device(model)
+    write_json(args.out / "parity_grads.json",
+               dict(config=args.config, cfg_options=args.cfg_options, seed=args.seed,
+                    checkpoint=cfg.get("load_from"), op=describe("triton", device),
+                    **report), device)
+    print(f"\nGradients of one batch of {args.config}, seed {args.seed}, from "
+          f"{cfg.get('load_from') or 'the initial weights'}:")
+    print("  loss: " + ", ".join(f"{k} {v:.6g}" for k, v in report["losses"].items()))
+    print("  relative difference of each parameter's gradient, median / max:")
+    for key, label in (("floor", "configured twice"), ("fp32_compute", "fp32_compute")):
+        row = report["summary"][key]
+        print(f"    {label:<18}{row['median']:>11.3e} / {row['max']:.3e}")
+    print(f"\n{'most moved by fp32_compute':<60}{'fp32_compute':>14}{'floor':>12}")
+    for row in report["parameters"][:10]:
+        print(f"{row['parameter']:<60}{row['fp32_compute']:>14.3e}{row['floor']:>12.3e}")
+    print(f"Written: {args.out / 'parity_grads.json'}")
     return 0
 
 
