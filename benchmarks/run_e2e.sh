@@ -83,12 +83,14 @@ fi
 # the loss logged every 10 iterations, for curves to compare the precisions.
 if [[ $PART == ap ]]; then
     # Session 5's schedule (see the header); the checkpoints only with the
-    # evaluations (each is ~570 MB with AdamW's state).
+    # evaluations (each is ~570 MB with AdamW's state), all kept: seed_run
+    # reads the first after the training.
     val=$((EPOCHS < 4 ? EPOCHS : 4))
     TRAIN_OPTS+=(train_cfg.max_epochs="$EPOCHS" train_cfg.val_interval=$val
                  param_scheduler.0.end="$EPOCHS"
                  "param_scheduler.0.milestones=[$((EPOCHS > 2 ? EPOCHS - 2 : 1))]"
-                 default_hooks.checkpoint.interval=$val default_hooks.logger.interval=10
+                 default_hooks.checkpoint.interval=$val default_hooks.checkpoint.max_keep_ckpts=-1
+                 default_hooks.logger.interval=10
                  train_dataloader.batch_size=16 model.bbox_head.type=BatchedMatchingDINOHead
                  optim_wrapper.optimizer.fused=True)
 else
@@ -231,8 +233,10 @@ seed_runs() {
 # seed_run VARIANT SEED CONFIG [OPTIONS...]: one training; in the ap part a
 # bf16 run then gets tools/parity.py grads on its first checkpoint (step 252,
 # the loss plateau where session 5's bf16 runs lagged): one batch's
-# gradients with the op on bf16 values against fp32_compute, beside their
-# run-to-run floor.  It needs ~60 s, kept back from the training.
+# gradients with the op as the run trained it (bf16_fp32compute's: on bf16
+# values, as configured without its option) against fp32_grad_accum and
+# fp32_compute, beside their run-to-run floor.  ~60 s, kept back from the
+# training.
 seed_run() {
     local variant=$1 seed=$2 cfg=$3 work=$RES/syn_$1_seed$2 grads=0
     shift 3
@@ -241,6 +245,11 @@ seed_run() {
         --work-dir "$work" --cfg-options "${TRAIN_OPTS[@]}" randomness.seed="$seed" \
         train_dataloader.num_workers=$WORKERS "$@"
     ((grads)) || return 0
+    [[ $variant == bf16_fp32compute ]] && set --
+    if [[ ! -f $work/epoch_$val.pth ]]; then
+        echo "grads_${variant}_seed$seed   skipped (no $work/epoch_$val.pth)" >> "$SUMMARY"
+        return 0
+    fi
     step "grads_${variant}_seed$seed" 0 python3 tools/parity.py grads "$cfg" \
         --checkpoint "$work/epoch_$val.pth" --seed "$seed" --out "$work/parity_grads" \
         --cfg-options "${TRAIN_OPTS[@]}" "$@"
@@ -274,7 +283,7 @@ if [[ $PART == train ]]; then
 elif [[ $PART == seeds || $PART == ap ]]; then
     step prepare_data 0 python3 - "$SYN_BF16" <<< "$PREPARE_DATA"
     seed_runs
-    headline='bbox_mAP_copypaste|^    (configured twice|fp32_compute) '
+    headline='bbox_mAP_copypaste|^  loss: |^    (floor|fp32_compute|bf16_value) '
 elif [[ $PART == ddp ]]; then
     step prepare_data 0 python3 - "$SYN_BF16" <<< "$PREPARE_DATA"
     step multigpu_test 0 python3 -m pytest -q -rs -m multigpu tests/ops/test_msda_gpu.py

@@ -79,6 +79,9 @@ def test_ap_part_runs_session_5s_schedule(tmp_path):
     # The bf16 run's gradients against fp32_compute, on its first checkpoint.
     grads = steps["grads_bf16_fp32compute_seed0"]
     assert "parity.py grads" in grads and "epoch_2.pth" in grads, summary
+    # ... as configured without the variant's own option: the op on bf16 values.
+    assert "fp32_compute=True" not in grads, summary
+    assert "checkpoint.max_keep_ckpts=-1" in line, summary  # the first one is still there
     assert "fp32_compute" in summary.split("# results", 1)[1], summary
     with tarfile.open(tmp_path / "ap.tar.gz") as tar:
         assert any(n.endswith("parity_grads/parity_grads.json") for n in tar.getnames())

@@ -19,11 +19,11 @@ and data order; compares the total loss per iteration (relative
 difference) and writes parity_train.json and parity_train.png.
 
 grads: not mmcv's side but msda_mm's own precision: one training batch,
-backward three times from the same weights and random state, with the op as
-configured (twice: the run-to-run floor of its atomics) and with
-``fp32_compute=True`` on every TritonMSDeformAttn (msda_mm/e2e/gradients.py);
-the relative difference of each parameter's gradient.  Writes
-parity_grads.json.
+backward four times from the same weights and random state, with the op as
+configured (twice: the run-to-run floor of its atomics), with
+``fp32_grad_accum=True`` and with ``fp32_compute=True`` on every
+TritonMSDeformAttn (msda_mm/e2e/gradients.py); the relative difference of
+each parameter's gradient between them.  Writes parity_grads.json.
 """
 from __future__ import annotations
 
@@ -85,8 +85,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                          "(default 0)")
     tr.set_defaults(run=train)
 
-    gr = commands.add_parser("grads", help="one batch's gradients with the op as configured "
-                                           "and with fp32_compute")
+    gr = commands.add_parser("grads", help="one batch's gradients with the op as configured, "
+                                           "with fp32_grad_accum and with fp32_compute")
     add_config_args(gr, default_out="parity_grads")
     gr.add_argument("--checkpoint", help="weights to start from (default: the model's own "
                                          "initialisation, or the config's load_from)")
@@ -263,12 +263,12 @@ def grads(args: argparse.Namespace) -> int:
           f"{cfg.get('load_from') or 'the initial weights'}:")
     print("  loss: " + ", ".join(f"{k} {v:.6g}" for k, v in report["losses"].items()))
     print("  relative difference of each parameter's gradient, median / max:")
-    for key, label in (("floor", "configured twice"), ("fp32_compute", "fp32_compute")):
+    for key, (a, b) in gradients.COMPARISONS.items():
         row = report["summary"][key]
-        print(f"    {label:<18}{row['median']:>11.3e} / {row['max']:.3e}")
-    print(f"\n{'most moved by fp32_compute':<60}{'fp32_compute':>14}{'floor':>12}")
+        print(f"    {key:<14}{a + ' vs ' + b:<36}{row['median']:>11.3e} / {row['max']:.3e}")
+    print(f"\n{'most moved by fp32_compute':<60}" + "".join(f"{k:>14}" for k in gradients.COMPARISONS))
     for row in report["parameters"][:10]:
-        print(f"{row['parameter']:<60}{row['fp32_compute']:>14.3e}{row['floor']:>12.3e}")
+        print(f"{row['parameter']:<60}" + "".join(f"{row[k]:>14.3e}" for k in gradients.COMPARISONS))
     print(f"Written: {args.out / 'parity_grads.json'}")
     return 0
 

@@ -5,14 +5,20 @@ learns, beyond the op's own run-to-run noise?
 The question comes from benchmarks/e2e/ap_b16: bf16 AMP trainings with the
 op on bf16 values lagged far behind those with it computing in fp32, while
 the kernels agree on the same values (tests/ops/test_msda_bf16_matches_fp32.py).
-Three backward passes of one batch from the same weights and random state
-answer it for a real model and batch: the op as configured twice (on CUDA
-its atomics add in a different order each time: the noise floor) and with
-``fp32_compute=True`` on every TritonMSDeformAttn.
+Four backward passes of one batch from the same weights and random state
+answer it for a real model and batch, each TritonMSDeformAttn set as
+follows: as configured, twice (on CUDA its atomics add in a different order
+each time: the noise floor); with ``fp32_grad_accum=True`` (on an H200 the
+configured bf16 path rounds grad_value in bf16 atomics, which session 5
+ruled out as the cause: this pass takes them out); and with
+``fp32_compute=True``.  Compared per parameter: the floor, configured
+against fp32_compute, and fp32_grad_accum against fp32_compute (the op on
+bf16 against fp32 values, both accumulating in fp32: equal up to the order
+of fp32 sums if the kernels are).
 """
 from __future__ import annotations
 
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from typing import Callable, Iterator
 
 import torch
@@ -20,22 +26,29 @@ from torch import nn
 
 from ..models import TritonMSDeformAttn
 
-PASSES = ("configured", "configured_again", "fp32_compute")
+# Pass name -> the TritonMSDeformAttn attribute it sets to True (None: as configured).
+PASSES = {"configured": None, "configured_again": None, "fp32_grad_accum": "fp32_grad_accum",
+          "fp32_compute": "fp32_compute"}
+# Comparison name -> the two passes it compares.
+COMPARISONS = {"floor": ("configured", "configured_again"),
+               "fp32_compute": ("configured", "fp32_compute"),
+               "bf16_value": ("fp32_grad_accum", "fp32_compute")}
 
 
 @contextmanager
-def fp32_compute(model: nn.Module, enabled: bool) -> Iterator[None]:
-    """Every TritonMSDeformAttn of ``model`` with ``fp32_compute=enabled``
-    inside the block, restored on exit."""
-    modules = [m for m in model.modules() if isinstance(m, TritonMSDeformAttn)]
-    saved = [m.fp32_compute for m in modules]
+def attention_set(model: nn.Module, attribute: str | None) -> Iterator[None]:
+    """Every TritonMSDeformAttn of ``model`` with ``attribute`` set to True
+    inside the block (nothing if None), restored on exit."""
+    modules = [m for m in model.modules() if isinstance(m, TritonMSDeformAttn)] \
+        if attribute else []
+    saved = [getattr(m, attribute) for m in modules]
     for m in modules:
-        m.fp32_compute = enabled
+        setattr(m, attribute, True)
     try:
         yield
     finally:
         for m, value in zip(modules, saved):
-            m.fp32_compute = value
+            setattr(m, attribute, value)
 
 
 def gradients(model: nn.Module, loss_fn: Callable[[], torch.Tensor],
@@ -59,18 +72,15 @@ def relative_difference(a: torch.Tensor, b: torch.Tensor) -> float:
 
 def compare(model: nn.Module, loss_fn: Callable[[], torch.Tensor],
             reseed: Callable[[], None]) -> dict:
-    """The three passes (PASSES) and, per parameter, the relative difference
-    of its gradient between the two configured passes (``floor``) and
-    between the configured and the fp32_compute pass (``fp32_compute``)."""
+    """The passes (PASSES): each one's loss and, per parameter, the relative
+    difference of its gradient for each of COMPARISONS; parameters sorted by
+    the fp32_compute comparison, largest first."""
     losses, grads = {}, {}
-    for name in PASSES:
-        with fp32_compute(model, True) if name == "fp32_compute" else nullcontext():
+    for name, attribute in PASSES.items():
+        with attention_set(model, attribute):
             losses[name], grads[name] = gradients(model, loss_fn, reseed)
-    rows = [dict(parameter=p,
-                 floor=relative_difference(grads["configured"][p],
-                                           grads["configured_again"][p]),
-                 fp32_compute=relative_difference(grads["configured"][p],
-                                                  grads["fp32_compute"][p]))
+    rows = [dict(parameter=p, **{key: relative_difference(grads[a][p], grads[b][p])
+                                 for key, (a, b) in COMPARISONS.items()})
             for p in grads["configured"]]
     rows.sort(key=lambda r: -r["fp32_compute"])
     return dict(losses=losses, parameters=rows, summary=_summary(rows))
@@ -82,4 +92,4 @@ def _summary(rows: list[dict]) -> dict:
         return values[len(values) // 2] if values else None
     return {key: dict(median=median([r[key] for r in rows]),
                       max=max((r[key] for r in rows), default=None))
-            for key in ("floor", "fp32_compute")}
+            for key in COMPARISONS}
