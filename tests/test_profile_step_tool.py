@@ -22,7 +22,7 @@ CONFIG = str(ROOT / "configs/synthetic/dino_tiny_cpu.py")
 KEYS = {"config", "batch_size", "image_size", "precision", "msda_modules", "warmup", "iters",
         "profile_iters", "ms_per_iter", "ms_per_iter_median", "images_per_s", "peak_memory_mib",
         "device_ms_per_iter", "msda_ms_per_iter", "msda_share", "cpu_ms_per_iter", "host_top",
-        "sync_sources_per_iter",
+        "sync_sources_per_iter", "sync_sources_method", "sync_iters", "waits_per_iter",
         "sync_points_per_iter", "step_ms", "environment"}
 
 
@@ -60,6 +60,9 @@ def test_two_steps_on_cpu_write_the_report(tmp_path):
     # DINO reads losses and matching costs back to the host every step.
     assert report["sync_points_per_iter"]["aten::_local_scalar_dense"] > 0
     assert "| batch | images | precision | ms/iter |" in (out / "profile.md").read_text()
+    # Off CUDA the waits are attributed from the trace (the sync debug mode is CUDA's).
+    assert report["sync_sources_method"] == "torch.profiler trace"
+    assert report["waits_per_iter"] is None and report["sync_iters"] == 2
 
 
 @pytest.fixture
@@ -72,6 +75,7 @@ def profile_tool(monkeypatch):
 @pytest.mark.parametrize("args, message", [
     (["--image-size", "0", "64"], "'0' is not an integer >= 1"),
     (["--warmup", "-1"], "--warmup must be >= 0, got -1"),
+    (["--sync-iters", "-2"], "--sync-iters must be >= 0, got -2"),
     (["--amp", "fp8"], "invalid choice: 'fp8'"),
 ])
 def test_bad_command_lines_say_what_is_wrong(profile_tool, capsys, args, message):

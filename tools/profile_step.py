@@ -9,7 +9,10 @@ Runner and calls ``model.train_step(data, optim_wrapper)`` in a loop:
 --warmup steps, then --iters timed steps (each synchronised: ms/iter,
 images/s, peak GPU memory), then --profile-iters more under torch.profiler
 (device time, the MSDA kernels' share of it, the top host costs,
-synchronisation points).  Data loading is outside the timed and profiled ranges.  With
+synchronisation points), then on CUDA --sync-iters more under PyTorch's
+sync debug mode, which names the Python frame of every wait on the device
+(the trace could not there: msda_mm/e2e/syncs.py).  Data loading is outside
+the timed and profiled ranges.  With
 --image-size the steps train on synthetic shapes of exactly H x W
 (generated once under data/), whatever data the config names.  Writes
 profile.json and profile.md to --out.
@@ -34,7 +37,8 @@ from msda_mm.e2e import training
 from msda_mm.e2e.attention import msda_modules
 from msda_mm.e2e.cli import (add_config_args, config_namespace, model_device, positive_int,
                              write_json)
-from msda_mm.e2e.profiling import STEP, summarise
+from msda_mm.e2e.profiling import STEP, TOP_SYNC_SOURCES, summarise
+from msda_mm.e2e.syncs import counted_syncs
 
 # --amp: the optimizer wrapper each choice sets.
 AMP = {"bf16": dict(type="AmpOptimWrapper", dtype="bfloat16"),
@@ -59,12 +63,16 @@ def parse_args(argv=None) -> argparse.Namespace:
     # a few steps give the per-step figures.
     parser.add_argument("--profile-iters", type=positive_int, default=5, metavar="N",
                         help="steps traced by torch.profiler after the timed ones (default 5)")
+    parser.add_argument("--sync-iters", type=int, default=2, metavar="N",
+                        help="CUDA: steps whose waits on the device are counted by Python "
+                             "frame in sync debug mode after the profiled ones (default 2)")
     parser.add_argument("--amp", choices=AMP, help="precision (default: the config's)")
     parser.add_argument("--image-size", type=positive_int, nargs=2, metavar=("H", "W"),
                         help="train on synthetic H x W images instead of the config's data")
     args = parser.parse_args(argv)
-    if args.warmup < 0:
-        parser.error(f"--warmup must be >= 0, got {args.warmup}")
+    for name in ("warmup", "sync_iters"):
+        if getattr(args, name) < 0:
+            parser.error(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
     return args
 
 
@@ -129,6 +137,18 @@ def profiled_steps(model, optim_wrapper, batches, iters: int, device: torch.devi
     return summarise(prof.events(), iters)
 
 
+def sync_sources(model, optim_wrapper, batches, iters: int, device: torch.device):
+    """[{frame, per_iter}] of the waits on the device in ``iters`` steps,
+    most first, from the sync debug mode; None off CUDA or for 0 steps."""
+    if device.type != "cuda" or iters == 0:
+        return None
+    with counted_syncs(device) as counts:
+        for _ in range(iters):
+            model.train_step(next(batches), optim_wrapper)
+    return [dict(frame=frame, per_iter=n / iters)
+            for frame, n in counts.most_common(TOP_SYNC_SOURCES)], sum(counts.values()) / iters
+
+
 def measure(cfg, args: argparse.Namespace) -> tuple[dict, torch.device]:
     """The report, and the device the model trained on."""
     runner = build_runner(cfg)
@@ -142,12 +162,19 @@ def measure(cfg, args: argparse.Namespace) -> tuple[dict, torch.device]:
     seconds = timed_steps(model, optim_wrapper, batches, args.iters, device)
     peak_mib = torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None
     trace = profiled_steps(model, optim_wrapper, batches, args.profile_iters, device)
+    counted = sync_sources(model, optim_wrapper, batches, args.sync_iters, device)
+    if counted is None:
+        trace.update(sync_sources_method="torch.profiler trace", waits_per_iter=None)
+    else:
+        trace.update(sync_sources_method="sync debug mode", waits_per_iter=counted[1],
+                     sync_sources_per_iter=counted[0])
     batch_size = cfg.train_dataloader.batch_size
     return dict(
         config=args.config, batch_size=batch_size,
         image_size=args.image_size or "config's data", precision=precision(cfg),
         msda_modules=dict(Counter(type(m).__name__ for m in msda_modules(model).values())),
         warmup=args.warmup, iters=args.iters, profile_iters=args.profile_iters,
+        sync_iters=args.sync_iters,
         ms_per_iter=1e3 * statistics.mean(seconds),
         ms_per_iter_median=1e3 * statistics.median(seconds),
         images_per_s=batch_size / statistics.mean(seconds), peak_memory_mib=peak_mib,
@@ -182,7 +209,10 @@ def markdown(r: dict) -> str:
         "Synchronisation points per step: " + ", ".join(
             f"{name} {count:g}" for name, count in r["sync_points_per_iter"].items()),
         "",
-        "Where the host waits for the device (innermost Python frame outside torch):",
+        "Where the host waits for the device (innermost Python frame outside torch; "
+        f"{r['sync_sources_method']}"
+        + ("" if r["waits_per_iter"] is None else
+           f", {r['sync_iters']} steps: {r['waits_per_iter']:g} waits/iter") + "):",
         "",
         "| frame | waits/iter |",
         "| --- | --- |",
