@@ -138,8 +138,9 @@ def profiled_steps(model, optim_wrapper, batches, iters: int, device: torch.devi
 
 
 def sync_sources(model, optim_wrapper, batches, iters: int, device: torch.device):
-    """[{frame, per_iter}] of the waits on the device in ``iters`` steps,
-    most first, from the sync debug mode; None off CUDA or for 0 steps."""
+    """([{frame, per_iter}] of the waits on the device in ``iters`` steps,
+    most first, waits per step) from the sync debug mode; None off CUDA or
+    for 0 steps."""
     if device.type != "cuda" or iters == 0:
         return None
     with counted_syncs(device) as counts:
