@@ -29,7 +29,8 @@ def test_each_sync_warning_is_counted_at_its_caller_and_others_still_shown(recwa
 def test_frames_inside_torch_are_skipped():
     stack = [syncs.traceback.FrameSummary("/x/site-packages/mmdet/models/head.py", 388, "loss"),
              syncs.traceback.FrameSummary("/x/site-packages/torch/_tensor.py", 12, "item"),
-             syncs.traceback.FrameSummary("/usr/lib/python3.12/warnings.py", 5, "_showwarnmsg")]
+             syncs.traceback.FrameSummary("/usr/lib/python3.12/warnings.py", 5, "_showwarnmsg"),
+             syncs.traceback.FrameSummary("/usr/lib/python3.14/_py_warnings.py", 9, "_showwarnmsg")]
     assert syncs.innermost_caller(stack) == "mmdet/models/head.py(388): loss"
     assert syncs.innermost_caller(stack[1:]) == syncs.NO_FRAME
 

@@ -6,9 +6,11 @@ H200 (torch 2.11; benchmarks/e2e/README.md, sessions 3-5: "(no Python
 frame)" for all 136 a step).  ``torch.cuda.set_sync_debug_mode("warn")``
 instead has every synchronising call (``item()``, ``nonzero``, blocking
 copies) warn while it runs, so a warning hook can read the Python stack at
-that moment.  Waits inside the backward warn on the autograd engine's
-thread, which has no Python frames: they come out at the frame that called
-``backward``, or as NO_FRAME.
+that moment.  Waits in the backward of PyTorch's own (C++) autograd
+nodes are buffered on the autograd engine's thread and replayed when
+``backward`` returns, so they all come out at the frame that called it
+(mmengine's optimizer wrapper); those in a Python ``autograd.Function``'s
+backward warn at once, at that function's frames.
 """
 from __future__ import annotations
 
@@ -27,7 +29,8 @@ NO_FRAME = "(no Python frame)"
 
 # Frames that only say how the wait was reached: torch's own, the warnings
 # machinery and this module.
-_SKIPPED = re.compile(r"(^|/)(torch/|warnings\.py$)")
+# (Python 3.14 moves the machinery to _py_warnings.py.)
+_SKIPPED = re.compile(r"(^|/)(torch/|_?(py_)?warnings\.py$)")
 # Paths shown from the package down (".../site-packages/mmdet/x.py" -> "mmdet/x.py").
 _PACKAGE_ROOT = re.compile(r"^.*/(site-packages|dist-packages)/")
 
