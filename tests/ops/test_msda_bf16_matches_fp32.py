@@ -26,10 +26,12 @@ from msda_mm.ops import launch
 
 
 def _assert_rounded(name, got, want, magnitude, units):
-    """got (bf16) is want (fp32) rounded, within `units` bf16 units of want
-    (8 significant bits) plus 2**-16 * magnitude for the order of fp32 sums."""
+    """got (bf16) is want (fp32) rounded, within `units` bf16 units (8
+    significant bits, at the larger of the two: they may straddle a power of
+    two) plus 2**-16 * magnitude for the order of fp32 sums."""
     got, want, magnitude = got.double(), want.double(), magnitude.double()
-    spacing = torch.exp2(torch.floor(torch.log2(want.abs().clamp_min(2.0**-100))) - 7)
+    larger = torch.maximum(got.abs(), want.abs()).clamp_min(2.0**-100)
+    spacing = torch.exp2(torch.floor(torch.log2(larger)) - 7)
     excess = ((got - want).abs() - units * spacing - 2.0**-16 * magnitude) / spacing
     worst = excess.max().item()
     assert worst <= 0, (f"{name}: {worst:.2f} bf16 units past {units} unit(s) of the fp32 "
