@@ -54,7 +54,7 @@ def _tool():
 
 @pytest.mark.parametrize("args, message", [
     (["--tiles", "2x16"], "expected BLOCK_QxBLOCK_RxWARPS"),
-    (["--presets", "yolo"], "expected names from"),
+    (["--presets", "yolo"], "'yolo': choose from tiny, decoder"),
 ])
 def test_bad_command_lines_say_what_is_wrong(args, message, capsys):
     with pytest.raises(SystemExit):

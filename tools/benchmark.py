@@ -22,6 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from msda_mm.bench.cell import METHOD  # noqa: E402
+from msda_mm.bench.cli import names  # noqa: E402
 from msda_mm.bench.impls import IMPLS  # noqa: E402
 from msda_mm.bench.inputs import DISTRIBUTIONS  # noqa: E402
 from msda_mm.bench.plot import plot_times  # noqa: E402
@@ -35,25 +36,14 @@ from msda_mm.bench.timing import autograd_floor_us, graph_floor_us  # noqa: E402
 _ACCUM = {"auto": None, "on": True, "off": False}
 
 
-def _names(choices):
-    """argparse type: comma-separated names, each one of ``choices``."""
-    def parse(text: str) -> tuple[str, ...]:
-        names = tuple(n for n in text.split(",") if n)
-        unknown = [n for n in names if n not in choices]
-        if unknown or not names:
-            raise argparse.ArgumentTypeError(f"{text!r}: choose from {', '.join(choices)}")
-        return names
-    return parse
-
-
 def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--presets", type=_names(PRESETS), default=DEFAULT_PRESETS,
+    p.add_argument("--presets", type=names(PRESETS), default=DEFAULT_PRESETS,
                    help=f"comma-separated (default: {','.join(DEFAULT_PRESETS)})")
-    p.add_argument("--dtypes", type=_names(DTYPES), default=tuple(DTYPES),
+    p.add_argument("--dtypes", type=names(DTYPES), default=tuple(DTYPES),
                    help="value dtypes; locations and weights are always fp32")
-    p.add_argument("--locations", type=_names(DISTRIBUTIONS), default=DISTRIBUTIONS)
-    p.add_argument("--impl", type=_names(IMPLS), default=IMPLS,
+    p.add_argument("--locations", type=names(DISTRIBUTIONS), default=DISTRIBUTIONS)
+    p.add_argument("--impl", type=names(IMPLS), default=IMPLS,
                    help="mmcv only runs where a compiled mmcv is importable (else n/a)")
     p.add_argument("--device", type=torch.device, default=torch.device("cuda"),
                    help="cpu: smoke test, perf_counter wall times, no graphs or memory")

@@ -21,24 +21,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from msda_mm import multi_scale_deformable_attention  # noqa: E402
+from msda_mm.bench.cli import names  # noqa: E402
 from msda_mm.bench.gather import corner_rows, gather_sum  # noqa: E402
 from msda_mm.bench.inputs import make_inputs  # noqa: E402
 from msda_mm.bench.presets import PRESETS  # noqa: E402
 from msda_mm.bench.report import device_name, environment, slug, write_json  # noqa: E402
+from msda_mm.bench.run import DTYPES  # noqa: E402
 from msda_mm.bench.timing import graph_times_us, kernel_times_us  # noqa: E402
-
-DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
-
-
-def _names(choices):
-    def parse(text: str) -> list[str]:
-        names = [n for n in text.split(",") if n]
-        bad = [n for n in names if n not in choices]
-        if bad or not names:
-            raise argparse.ArgumentTypeError(f"{text!r}: expected names from {sorted(choices)}")
-        return names
-    return parse
-
 
 def _tiles(text: str) -> list[tuple[int, int, int]]:
     try:
@@ -53,8 +42,8 @@ def _tiles(text: str) -> list[tuple[int, int, int]]:
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--presets", type=_names(PRESETS), default=["encoder", "decoder"])
-    parser.add_argument("--dtypes", type=_names(DTYPES), default=["bf16", "fp32"])
+    parser.add_argument("--presets", type=names(PRESETS), default=("encoder", "decoder"))
+    parser.add_argument("--dtypes", type=names(DTYPES), default=("bf16", "fp32"))
     parser.add_argument("--tiles", type=_tiles, default=[(2, 16, 1), (8, 16, 4), (16, 16, 4)],
                         help="gather kernel tiles BLOCK_QxBLOCK_RxWARPS (default "
                              "2x16x1,8x16x4,16x16x4)")
@@ -83,7 +72,7 @@ def main(argv=None) -> int:
             inputs = host.to(device, DTYPES[dname])
             value = inputs.value
             rows = corner_rows(inputs)
-            nbytes = rows.numel() * value.shape[-1] * value.element_size()
+            nbytes = PRESETS[name].gathered_bytes(value.element_size())
             runs = {"msda_mm forward": lambda: multi_scale_deformable_attention(
                 value, inputs.spatial_shapes, inputs.level_start_index,
                 inputs.sampling_locations, inputs.attention_weights)}
