@@ -12,20 +12,32 @@ ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "run_e2e.sh"
 
 
+def _run(part, out, gpus="", timeout=600, **env):
+    """run_e2e.sh PART OUT in smoke mode with CUDA_VISIBLE_DEVICES=gpus and
+    the E2E_* settings given (none inherited); the script sets
+    TRITON_INTERPRET itself."""
+    environ = {k: v for k, v in os.environ.items()
+               if not k.startswith("E2E_") and k != "TRITON_INTERPRET"}
+    environ.update(env, E2E_SMOKE="1", CUDA_VISIBLE_DEVICES=gpus)
+    return subprocess.run(["bash", str(SCRIPT), part, str(out)], env=environ,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def _steps(summary: str) -> dict[str, str]:
+    """Each step's summary line, by step name."""
+    return {line.split()[0]: line for line in summary.splitlines() if " rc=" in line}
+
+
 def test_train_part_runs_every_step_and_packs_results(tmp_path):
     # No GPUs listed: the two lanes run one after the other.
-    env = dict(os.environ, E2E_SMOKE="1", CUDA_VISIBLE_DEVICES="")
-    env.pop("TRITON_INTERPRET", None)
-    run = subprocess.run(["bash", str(SCRIPT), "train", str(tmp_path)], env=env,
-                         capture_output=True, text=True, timeout=600)
+    run = _run("train", tmp_path)
     summary = (tmp_path / "train.log").read_text()
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    steps = {line.split()[0]: line.split()[1] for line in summary.splitlines()
-             if " rc=" in line}
+    steps = _steps(summary)
     assert set(steps) == {"prepare_data", "train_bf16", "parity_eval", "profile_b2_bf16",
                           "train_fp32", "profile_b1_bf16", "profile_b1_fp32",
                           "profile_b2_fp32"}, summary
-    assert all(rc == "rc=0" for rc in steps.values()), summary
+    assert all(line.split()[1] == "rc=0" for line in steps.values()), summary
     assert "PASS" in summary, summary
     with tarfile.open(tmp_path / "train.tar.gz") as tar:
         names = tar.getnames()
@@ -35,14 +47,10 @@ def test_train_part_runs_every_step_and_packs_results(tmp_path):
 
 
 def test_seeds_part_trains_each_variant_per_seed(tmp_path):
-    env = dict(os.environ, E2E_SMOKE="1", CUDA_VISIBLE_DEVICES="", E2E_SEEDS="3",
-               E2E_VARIANTS="fp32 bf16_fp32accum")
-    env.pop("TRITON_INTERPRET", None)
-    run = subprocess.run(["bash", str(SCRIPT), "seeds", str(tmp_path)], env=env,
-                         capture_output=True, text=True, timeout=600)
+    run = _run("seeds", tmp_path, E2E_SEEDS="3", E2E_VARIANTS="fp32 bf16_fp32accum")
     summary = (tmp_path / "seeds.log").read_text()
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    steps = {line.split()[0]: line for line in summary.splitlines() if " rc=" in line}
+    steps = _steps(summary)
     assert set(steps) == {"prepare_data", "train_fp32_seed3", "train_bf16_fp32accum_seed3"}, summary
     assert all(" rc=0 " in line for line in steps.values()), summary
     assert "randomness.seed=3" in steps["train_fp32_seed3"], summary
@@ -55,14 +63,10 @@ def test_ap_part_runs_session_5s_schedule(tmp_path):
     # The batch-16 schedule with the host cut, on the variant that runs the
     # op in fp32 under bf16 AMP; seed 0 unless E2E_SEEDS; then the gradient
     # comparison of a bf16 variant.
-    env = {k: v for k, v in os.environ.items() if not k.startswith("E2E_")}
-    env.update(E2E_SMOKE="1", CUDA_VISIBLE_DEVICES="", E2E_VARIANTS="bf16_fp32compute")
-    env.pop("TRITON_INTERPRET", None)
-    run = subprocess.run(["bash", str(SCRIPT), "ap", str(tmp_path)], env=env,
-                         capture_output=True, text=True, timeout=600)
+    run = _run("ap", tmp_path, E2E_VARIANTS="bf16_fp32compute")
     summary = (tmp_path / "ap.log").read_text()
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    steps = {line.split()[0]: line for line in summary.splitlines() if " rc=" in line}
+    steps = _steps(summary)
     assert set(steps) == {"prepare_data", "train_bf16_fp32compute_seed0",
                           "grads_bf16_fp32compute_seed0"}, summary
     assert all(" rc=0 " in line for line in steps.values()), summary
@@ -89,29 +93,22 @@ def test_ap_part_runs_session_5s_schedule(tmp_path):
 
 def test_ap_part_warns_when_runs_share_a_gpu(tmp_path):
     # Two runs on one GPU; a zero budget skips every step after the warning.
-    env = {k: v for k, v in os.environ.items() if not k.startswith("E2E_")}
-    env.update(E2E_SMOKE="1", CUDA_VISIBLE_DEVICES="0", E2E_VARIANTS="bf16 fp32",
+    run = _run("ap", tmp_path, gpus="0", timeout=120, E2E_VARIANTS="bf16 fp32",
                E2E_BUDGET_S="0")
-    run = subprocess.run(["bash", str(SCRIPT), "ap", str(tmp_path)], env=env,
-                         capture_output=True, text=True, timeout=120)
     assert "warning: 2 ap runs on 1 GPU(s)" in run.stderr, run.stderr[-2000:]
 
 
 @pytest.mark.parametrize("variants, message", [("bf16 fp8", "unknown variant 'fp8'"),
                                                ("bf16 fp32 bf16", "'bf16' given twice")])
 def test_bad_variants_are_refused(variants, message, tmp_path):
-    env = dict(os.environ, E2E_SMOKE="1", CUDA_VISIBLE_DEVICES="", E2E_VARIANTS=variants)
-    run = subprocess.run(["bash", str(SCRIPT), "seeds", str(tmp_path)], env=env,
-                         capture_output=True, text=True, timeout=60)
+    run = _run("seeds", tmp_path, timeout=60, E2E_VARIANTS=variants)
     assert run.returncode == 2
     assert message in run.stderr
     assert not (tmp_path / "seeds.log").exists()
 
 
 def test_ddp_part_needs_two_gpus(tmp_path):
-    env = dict(os.environ, E2E_SMOKE="1", CUDA_VISIBLE_DEVICES="0")
-    run = subprocess.run(["bash", str(SCRIPT), "ddp", str(tmp_path)], env=env,
-                         capture_output=True, text=True, timeout=60)
+    run = _run("ddp", tmp_path, gpus="0", timeout=60)
     assert run.returncode == 2
     assert "needs 2 GPUs, found 1" in run.stderr
     assert not (tmp_path / "ddp.log").exists()
