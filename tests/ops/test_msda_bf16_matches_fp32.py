@@ -20,8 +20,8 @@ CPU (interpreter) and, marked gpu, at DINO's training shapes.
 """
 import pytest
 import torch
+from msda_inputs import make_inputs, run_op
 
-from msda_mm import multi_scale_deformable_attention as msda
 from msda_mm.ops import launch
 
 
@@ -38,31 +38,29 @@ def _assert_rounded(name, got, want, magnitude, units):
                         f"kernels' result, {int((excess > 0).sum())} of {excess.numel()} elements")
 
 
-def _run(value, shapes, loc, attn, grad_out, **kw):
-    leaves = [t.detach().clone().requires_grad_() for t in (value, loc, attn)]
-    out = msda(leaves[0], shapes, None, leaves[1], leaves[2], **kw)
-    grads = torch.autograd.grad(out, leaves, grad_out.to(out.dtype))
-    return (out, *grads)
+def _inputs(B, Q, M, D, shapes, K, device):
+    """Op arguments with a bf16 value and fp32 locations (mostly inside the
+    image, some off its edges, as trained offsets) and weights, as under
+    bf16 AMP; and a bf16 grad_output."""
+    args, _ = make_inputs(B=B, Q=Q, M=M, D=D, shapes=shapes, K=K, dtype=torch.bfloat16,
+                          loc_dtype=torch.float32, attn_dtype=torch.float32, lo=-0.1, hi=1.1,
+                          device=device, seed=0)
+    grad_out = torch.randn(B, Q, M * D, generator=torch.Generator().manual_seed(1))
+    return args, grad_out.bfloat16().to(device)
 
 
-def _inputs(B, Q, M, D, shapes, K, device, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    shapes = torch.tensor(shapes)
-    L, S = len(shapes), int((shapes[:, 0] * shapes[:, 1]).sum())
-    value = torch.randn(B, S, M, D, generator=g).bfloat16()
-    # Mostly inside the image, some points off its edges, as trained offsets.
-    loc = torch.rand(B, Q, M, L, K, 2, generator=g) * 1.2 - 0.1
-    attn = torch.randn(B, Q, M, L * K, generator=g).softmax(-1).unflatten(-1, (L, K))
-    grad_out = torch.randn(B, Q, M * D, generator=g).bfloat16()
-    return [t.to(device) for t in (value, shapes, loc, attn, grad_out)]
+def _run(args, value, grad_out, **kw):
+    """(output, grad_value, grad_loc, grad_attn) with ``value`` in args."""
+    out, grads, _ = run_op(dict(args, value=value), grad_out=grad_out, **kw)
+    return (out, *grads.values())
 
 
-def _assert_bf16_matches_fp32(value, shapes, loc, attn, grad_out, fp32_grad_accum):
-    out32, gv32, gl32, ga32 = _run(value.float(), shapes, loc, attn, grad_out.float())
-    out16, gv16, gl16, ga16 = _run(value, shapes, loc, attn, grad_out,
-                                   fp32_grad_accum=fp32_grad_accum)
+def _assert_bf16_matches_fp32(args, grad_out, fp32_grad_accum):
+    value = args["value"]
+    out32, gv32, gl32, ga32 = _run(args, value.float(), grad_out.float())
+    out16, gv16, gl16, ga16 = _run(args, value, grad_out, fp32_grad_accum=fp32_grad_accum)
     # Sums of the absolute terms: of the output over |value|, of grad_value over |grad_out|.
-    out_abs, gv_abs, *_ = _run(value.float().abs(), shapes, loc, attn, grad_out.float().abs())
+    out_abs, gv_abs, *_ = _run(args, value.float().abs(), grad_out.float().abs())
     assert out16.dtype == torch.bfloat16 and gl16.dtype == ga16.dtype == torch.float32
     units = 0.5 if value.is_cuda else 1.0
     _assert_rounded("output", out16, out32, out_abs, units)
