@@ -35,6 +35,10 @@ TOP_SYNC_SOURCES = 12
 
 # A Python frame as torch.profiler(with_stack=True) names it: "path.py(line): function".
 _FRAME = re.compile(r"^(?P<path>[^<]*\.py)\(\d+\): ")
+# A path inside torch: its frames only say which tensor method synchronised.
+TORCH_PATH = re.compile(r"(^|/)torch/")
+# What a wait with no such frame is counted under.
+NO_FRAME = "(no Python frame)"
 
 # Python events name their callable with its address ("<built-in method sum
 # of Tensor object at 0x7f...>"): dropped, so each callable is one row.
@@ -89,7 +93,7 @@ def _caller(frame_name: str) -> bool:
     # A frame of the model's code (mmdet, mmengine, msda_mm, scipy, ...):
     # torch's own frames only say which tensor method synchronised.
     match = _FRAME.match(frame_name)
-    return bool(match) and not re.match(r"(.*/)?torch/", match["path"])
+    return bool(match) and not TORCH_PATH.search(match["path"])
 
 
 def _sync_sources(host, python_frames) -> list:
@@ -122,7 +126,7 @@ def _sync_sources(host, python_frames) -> list:
         i = bisect.bisect_right(spans, (start, float("inf"))) - 1
         while i >= 0 and spans[i][1] < e.time_range.end:
             i -= 1
-        counts[spans[i][2] if i >= 0 else "(no Python frame)"] += 1
+        counts[spans[i][2] if i >= 0 else NO_FRAME] += 1
     return sorted(counts.items(), key=lambda kv: -kv[1])
 
 

@@ -23,14 +23,15 @@ from typing import Iterator
 
 import torch
 
+from .profiling import NO_FRAME, TORCH_PATH
+
 # The text of PyTorch's warning (c10/cuda/CUDAFunctions.h, warn_or_error_on_sync).
 SYNC_WARNING = "called a synchronizing CUDA operation"
-NO_FRAME = "(no Python frame)"
 
-# Frames that only say how the wait was reached: torch's own, the warnings
-# machinery and this module.
-# (Python 3.14 moves the machinery to _py_warnings.py.)
-_SKIPPED = re.compile(r"(^|/)(torch/|_?(py_)?warnings\.py$)")
+# Frames that only say how the wait was reached: torch's own (TORCH_PATH),
+# the warnings machinery (Python 3.14 moves it to _py_warnings.py) and this
+# module.
+_WARNINGS_PATH = re.compile(r"(^|/)_?(py_)?warnings\.py$")
 # Paths shown from the package down (".../site-packages/mmdet/x.py" -> "mmdet/x.py").
 _PACKAGE_ROOT = re.compile(r"^.*/(site-packages|dist-packages)/")
 
@@ -39,7 +40,8 @@ def innermost_caller(stack: list[traceback.FrameSummary]) -> str:
     """The innermost frame of ``stack`` (outermost first) outside torch, as
     torch.profiler names frames: "path.py(line): function"."""
     for frame in reversed(stack):
-        if frame.filename == __file__ or _SKIPPED.search(frame.filename):
+        if (frame.filename == __file__ or TORCH_PATH.search(frame.filename)
+                or _WARNINGS_PATH.search(frame.filename)):
             continue
         return f"{_PACKAGE_ROOT.sub('', frame.filename)}({frame.lineno}): {frame.name}"
     return NO_FRAME
