@@ -50,13 +50,14 @@ class TritonMSDeformAttn(MultiScaleDeformableAttention):
     (encoder preset 231 / 866 us against 172 / 558 in bf16).  The output
     goes back to the projection's dtype before output_proj, which under
     autocast rounds it there anyway and in a half model takes half.
-    It exists as the control of an open question: in session 5's bf16 DINO
-    trainings the three runs with the op on bf16 values lagged far behind
-    fp32 and the one with fp32_compute did not (benchmarks/e2e/ap_b16),
-    although the bf16
-    and fp32 kernels compute the same on the same values
-    (tests/ops/test_msda_bf16_matches_fp32.py).  Both are plain
-    attributes: state_dict and checkpoints are unchanged.
+    fp32_compute does not make bf16 training more reliable: bf16 DINO
+    trainings from scratch lagged fp32 at random with the op on bf16 values
+    or in fp32 alike (benchmarks/e2e/ap_b16: AP 3.6 with fp32_compute, seed
+    1; 86.5 on bf16 values, seed 3; fp32 83.7-86.8), as they must if the
+    bf16 and fp32 kernels compute the same on the same values
+    (tests/ops/test_msda_bf16_matches_fp32.py, which holds on the H200 at
+    those shapes).  Both are plain attributes: state_dict and checkpoints
+    are unchanged.
 
     Forward does no host synchronisation: mmcv's check that spatial_shapes
     cover the value sequence (a device-to-host read) is left to the op, which
