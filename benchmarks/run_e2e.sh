@@ -26,7 +26,8 @@
 #          step in bf16, 0.41 in fp32), E2E_EPOCHS (default 16) epochs of 63
 #          steps, evaluated every 4, LR drop 2 epochs before the end; seed
 #          0 unless E2E_SEEDS; each bf16 run then gets `tools/parity.py
-#          grads` on its epoch-4 checkpoint (see seed_run).  Meant for one run
+#          grads` and `kernels` on its epoch-4 checkpoint (see seed_run).
+#          Meant for one run
 #          per GPU: on 2 GPUs, two variants (or seeds) a call; E2E_BUDGET_S
 #          defaults to 560 here (fp32: ~500 s).
 # ddp:     (2 GPUs) the multi-GPU op test; the synthetic bf16 training through
@@ -231,28 +232,31 @@ seed_runs() {
 }
 
 # seed_run VARIANT SEED CONFIG [OPTIONS...]: one training; in the ap part a
-# bf16 run then gets tools/parity.py grads on its first checkpoint (step 252,
-# the loss plateau where session 5's bf16 runs lagged): one batch's
-# gradients with the op as the run trained it (bf16_fp32compute's: on bf16
-# values, as configured without its option) against fp32_grad_accum and
-# fp32_compute, beside their run-to-run floor.  ~60 s, kept back from the
-# training.
+# bf16 run then gets two checks on its first checkpoint (step 252, the loss
+# plateau where session 5's bf16 runs lagged), each with the op as the run
+# trained it (bf16_fp32compute's: on bf16 values, as configured without its
+# option): tools/parity.py grads, one batch's gradients against
+# fp32_grad_accum and fp32_compute beside their run-to-run floor (~30 s);
+# and tools/parity.py kernels, every MSDA call of one batch on the bf16
+# against the fp32 kernels (~30 s).  Both kept back from the training.
 seed_run() {
-    local variant=$1 seed=$2 cfg=$3 work=$RES/syn_$1_seed$2 grads=0
+    local variant=$1 seed=$2 cfg=$3 work=$RES/syn_$1_seed$2 checks=0 check
     shift 3
-    [[ $PART == ap && $variant != fp32 ]] && grads=1
-    step "train_${variant}_seed$seed" $((grads * 60)) python3 tools/train.py "$cfg" \
+    [[ $PART == ap && $variant != fp32 ]] && checks=1
+    step "train_${variant}_seed$seed" $((checks * 90)) python3 tools/train.py "$cfg" \
         --work-dir "$work" --cfg-options "${TRAIN_OPTS[@]}" randomness.seed="$seed" \
         train_dataloader.num_workers=$WORKERS "$@"
-    ((grads)) || return 0
+    ((checks)) || return 0
     [[ $variant == bf16_fp32compute ]] && set --
     if [[ ! -f $work/epoch_$val.pth ]]; then
-        echo "grads_${variant}_seed$seed   skipped (no $work/epoch_$val.pth)" >> "$SUMMARY"
+        echo "grads, kernels_${variant}_seed$seed   skipped (no $work/epoch_$val.pth)" >> "$SUMMARY"
         return 0
     fi
-    step "grads_${variant}_seed$seed" 0 python3 tools/parity.py grads "$cfg" \
-        --checkpoint "$work/epoch_$val.pth" --seed "$seed" --out "$work/parity_grads" \
-        --cfg-options "${TRAIN_OPTS[@]}" "$@"
+    for check in grads:40 kernels:0; do  # parity.py subcommand:seconds kept for the next
+        step "${check%:*}_${variant}_seed$seed" "${check#*:}" python3 tools/parity.py \
+            "${check%:*}" "$cfg" --checkpoint "$work/epoch_$val.pth" --seed "$seed" \
+            --out "$work/parity_${check%:*}" --cfg-options "${TRAIN_OPTS[@]}" "$@"
+    done
 }
 
 # ddp_runs: the 2-GPU training, its one-GPU twins and the tests of its
@@ -283,7 +287,7 @@ if [[ $PART == train ]]; then
 elif [[ $PART == seeds || $PART == ap ]]; then
     step prepare_data 0 python3 - "$SYN_BF16" <<< "$PREPARE_DATA"
     seed_runs
-    headline='bbox_mAP_copypaste|^  loss: |^    (floor|fp32_compute|bf16_value) '
+    headline='bbox_mAP_copypaste|^  loss: |^    (floor|fp32_compute|bf16_value) |^(PASS|FAIL): |^No op call'
 elif [[ $PART == ddp ]]; then
     step prepare_data 0 python3 - "$SYN_BF16" <<< "$PREPARE_DATA"
     step multigpu_test 0 python3 -m pytest -q -rs -m multigpu tests/ops/test_msda_gpu.py

@@ -1,7 +1,8 @@
 """tools/parity.py on CPU: the same checkpoint evaluated with msda_mm's and
 mmcv's MSDA passes with near-identical layer outputs; a perturbed mmcv side
-fails; a short training run writes both loss curves; and the op switch
-swaps exactly what it says (on mmcv-lite also mmcv's CUDA entry point)."""
+fails; a short training run writes both loss curves; grads and kernels run
+on one batch; and the op switch swaps exactly what it says (on mmcv-lite
+also mmcv's CUDA entry point)."""
 import json
 import os
 import runpy
@@ -99,6 +100,18 @@ def test_grads_compares_three_backward_passes_of_one_batch(tiny, tmp_path):
     assert "most moved by fp32_compute" in run.stdout
 
 
+@pytest.mark.slow
+def test_kernels_says_when_no_call_is_bf16(tiny, tmp_path):
+    # The CPU demo is fp32: no op call to check, which is exit code 2, not a pass.
+    options, checkpoint = tiny
+    run = _parity("kernels", CONFIG, "--checkpoint", checkpoint, "--out", str(tmp_path),
+                  *options)
+    assert run.returncode == 2, (run.stdout + run.stderr)[-4000:]
+    assert "had a bf16 value: nothing to check" in run.stdout
+    report = json.loads((tmp_path / "parity_kernels.json").read_text())
+    assert report["calls"] == [] and report["checkpoint"] == checkpoint
+
+
 @pytest.fixture
 def parity_tool(monkeypatch):
     """tools/parity.py's globals (its siblings common.py, train.py importable)."""
@@ -148,6 +161,19 @@ def test_bad_command_lines_say_what_is_wrong(parity_tool, capsys):
         parity_tool["main"](["eval", CONFIG, "missing.pth"])
     with pytest.raises(SystemExit, match="config file not found: missing.py"):
         parity_tool["main"](["train", "missing.py"])
+
+
+def test_kernels_report_passes_only_if_every_call_does(parity_tool, capsys):
+    call = dict(call=0, value=[2, 30, 8, 32], locations=[2, 7, 8, 4, 4, 2],
+                fp32_grad_accum=True, output=-0.4, grad_value=-0.2, grad_loc=3e-7,
+                grad_attn=2e-7, passed=True)
+    native = dict(call, fp32_grad_accum=False, grad_value=None)
+    assert parity_tool["_print_kernels"]("cfg.py", [call, native], "out.json") == 0
+    assert "PASS: 2 of 2 checks within" in capsys.readouterr().out
+    bad = dict(call, call=1, output=1.5, passed=False)
+    assert parity_tool["_print_kernels"]("cfg.py", [call, native, bad], "out.json") == 1
+    out = capsys.readouterr().out
+    assert "FAIL: 2 of 3 checks within" in out and out.count("FAIL") == 2
 
 
 class TwoLayers(torch.nn.Module):

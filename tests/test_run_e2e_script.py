@@ -62,13 +62,17 @@ def test_seeds_part_trains_each_variant_per_seed(tmp_path):
 def test_ap_part_runs_session_5s_schedule(tmp_path):
     # The batch-16 schedule with the host cut, on the variant that runs the
     # op in fp32 under bf16 AMP; seed 0 unless E2E_SEEDS; then the gradient
-    # comparison of a bf16 variant.
+    # comparison and the kernel check of a bf16 variant.
     run = _run("ap", tmp_path, E2E_VARIANTS="bf16_fp32compute")
     summary = (tmp_path / "ap.log").read_text()
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     steps = _steps(summary)
     assert set(steps) == {"prepare_data", "train_bf16_fp32compute_seed0",
-                          "grads_bf16_fp32compute_seed0"}, summary
+                          "grads_bf16_fp32compute_seed0", "kernels_bf16_fp32compute_seed0"}, summary
+    # The smoke config is fp32: the kernel check finds no bf16 call (exit 2).
+    kernels = steps.pop("kernels_bf16_fp32compute_seed0")
+    assert " rc=2 " in kernels and "parity.py kernels" in kernels, summary
+    assert "epoch_2.pth" in kernels and "fp32_compute=True" not in kernels, summary
     assert all(" rc=0 " in line for line in steps.values()), summary
     line = steps["train_bf16_fp32compute_seed0"]
     for option in ("train_dataloader.batch_size=16", "bbox_head.type=BatchedMatchingDINOHead",
@@ -87,8 +91,11 @@ def test_ap_part_runs_session_5s_schedule(tmp_path):
     assert "fp32_compute=True" not in grads, summary
     assert "checkpoint.max_keep_ckpts=-1" in line, summary  # the first one is still there
     assert "fp32_compute" in summary.split("# results", 1)[1], summary
+    assert "No op call" in summary.split("# results", 1)[1], summary
     with tarfile.open(tmp_path / "ap.tar.gz") as tar:
-        assert any(n.endswith("parity_grads/parity_grads.json") for n in tar.getnames())
+        names = tar.getnames()
+    for report in ("parity_grads/parity_grads.json", "parity_kernels/parity_kernels.json"):
+        assert any(n.endswith(report) for n in names), report
 
 
 def test_ap_part_warns_when_runs_share_a_gpu(tmp_path):

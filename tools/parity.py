@@ -5,6 +5,8 @@ inside a whole detector.
         [--tolerance-layer X] [--out DIR] [--cfg-options k=v ...]
     python tools/parity.py train CONFIG [--iters N] [--seed S] [--out DIR] [--cfg-options k=v ...]
     python tools/parity.py grads CONFIG [--checkpoint CKPT] [--seed S] [--out DIR] [--cfg-options k=v ...]
+    python tools/parity.py kernels CONFIG [--checkpoint CKPT] [--seed S] [--max-calls N] [--out DIR]
+        [--cfg-options k=v ...]
 
 Each run switches every MSDA module of one model between the two ops (same
 weights: see msda_mm/e2e/attention.py for what the mmcv side runs).
@@ -24,6 +26,14 @@ configured (twice: the run-to-run floor of its atomics), with
 ``fp32_grad_accum=True`` and with ``fp32_compute=True`` on every
 TritonMSDeformAttn (msda_mm/e2e/gradients.py); the relative difference of
 each parameter's gradient between them.  Writes parity_grads.json.
+
+kernels: also msda_mm's own precision, on the op's real inputs: one training
+batch's forward (the config's AMP, so a bf16 config on CUDA), with each of
+the first --max-calls op calls on a bf16 value also run, forward and
+backward, on the bf16 and the fp32 kernels and checked against each other
+(msda_mm/e2e/kernel_check.py); exits
+0 if every call is within, 1 if one is not, 2 if no call had a bf16 value.
+Writes parity_kernels.json.
 """
 from __future__ import annotations
 
@@ -42,7 +52,7 @@ from train import check_precision
 
 # isort: split
 # After common, which imports msda_mm (mmcv-lite shims first).
-from msda_mm.e2e import compare, gradients, training
+from msda_mm.e2e import compare, gradients, kernel_check, training
 from msda_mm.e2e.attention import OPS, describe, recorded_outputs, use_op
 from msda_mm.e2e.cli import (add_config_args, config_namespace, model_device, positive_int,
                              write_json)
@@ -88,13 +98,25 @@ def parse_args(argv=None) -> argparse.Namespace:
     gr = commands.add_parser("grads", help="one batch's gradients with the op as configured, "
                                            "with fp32_grad_accum and with fp32_compute")
     add_config_args(gr, default_out="parity_grads")
-    gr.add_argument("--checkpoint", help="weights to start from (default: the model's own "
-                                         "initialisation, or the config's load_from)")
-    gr.add_argument("--seed", type=int, default=0, metavar="S",
-                    help="seed of the weights' initialisation, the batch and the random "
-                         "draws of every pass (default 0)")
+    _add_batch_args(gr)
     gr.set_defaults(run=grads)
+
+    ke = commands.add_parser("kernels", help="one batch's op calls on bf16 values checked "
+                                             "against the fp32 kernels")
+    add_config_args(ke, default_out="parity_kernels")
+    _add_batch_args(ke)
+    ke.add_argument("--max-calls", type=positive_int, default=32, metavar="N",
+                    help="op calls to check (default 32: a DINO step's 12 forwards, twice over)")
+    ke.set_defaults(run=kernels)
     return parser.parse_args(argv)
+
+
+def _add_batch_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--checkpoint", help="weights to start from (default: the model's own "
+                                             "initialisation, or the config's load_from)")
+    parser.add_argument("--seed", type=int, default=0, metavar="S",
+                        help="seed of the weights' initialisation, the batch and the random "
+                             "draws (default 0)")
 
 
 def _load(args: argparse.Namespace):
@@ -235,7 +257,10 @@ def train(args: argparse.Namespace) -> int:
     return 0
 
 
-def grads(args: argparse.Namespace) -> int:
+def _one_batch(args: argparse.Namespace):
+    """(cfg, model, loss function) for one training batch of the config
+    from --checkpoint (or its initialisation) and --seed: the loss of
+    train_step's forward under the config's optim_context, without the update."""
     cfg = _load(args)
     cfg.randomness = dict(seed=args.seed)
     if args.checkpoint is not None:
@@ -248,11 +273,15 @@ def grads(args: argparse.Namespace) -> int:
     batch, model = next(batches), runner.model
 
     def loss():
-        # train_step's forward, without the update.
         with optim_wrapper.optim_context(model):
             losses = model._run_forward(model.data_preprocessor(batch, True), mode="loss")
         return model.parse_losses(losses)[0]
 
+    return cfg, model, loss
+
+
+def grads(args: argparse.Namespace) -> int:
+    cfg, model, loss = _one_batch(args)
     report = gradients.compare(model, loss, lambda: set_random_seed(args.seed))
     device = model_device(model)
     write_json(args.out / "parity_grads.json",
@@ -271,6 +300,44 @@ def grads(args: argparse.Namespace) -> int:
         print(f"{row['parameter']:<60}" + "".join(f"{row[k]:>14.3e}" for k in gradients.COMPARISONS))
     print(f"Written: {args.out / 'parity_grads.json'}")
     return 0
+
+
+def kernels(args: argparse.Namespace) -> int:
+    cfg, model, loss = _one_batch(args)
+    # The forward alone: each checked call runs its own backward passes.
+    with kernel_check.checked_calls(args.max_calls, args.seed) as calls, torch.no_grad():
+        set_random_seed(args.seed)
+        loss()
+    device = model_device(model)
+    write_json(args.out / "parity_kernels.json",
+               dict(config=args.config, cfg_options=args.cfg_options, seed=args.seed,
+                    checkpoint=cfg.get("load_from"), op=describe("triton", device),
+                    calls=calls), device)
+    return _print_kernels(args.config, calls, args.out / "parity_kernels.json")
+
+
+def _print_kernels(config: str, calls: list[dict], written) -> int:
+    """kernel_check's calls as a table; the exit code (0 all within, 1 one
+    not, 2 none to check)."""
+    if not calls:
+        print(f"No op call of {config} had a bf16 value: nothing to check (the bf16 kernels "
+              f"run under bf16 AMP, on CUDA).")
+        return 2
+    print(f"\nThe op's bf16 calls in one batch of {config}, against the fp32 kernels "
+          f"(output / grad_value: worst excess in bf16 units, <= 0 within; grad_loc / "
+          f"grad_attn: relative difference, < {kernel_check.GRAD_REL_TOL:g}):")
+    print(f"{'call':>4}  {'value':<22}{'locations':<28}{'accum':<7}{'output':>8}"
+          f"{'grad_value':>11}{'grad_loc':>10}{'grad_attn':>10}  verdict")
+    for c in calls:
+        gv = "-" if c["grad_value"] is None else f"{c['grad_value']:.2f}"
+        print(f"{c['call']:>4}  {str(tuple(c['value'])):<22}{str(tuple(c['locations'])):<28}"
+              f"{'fp32' if c['fp32_grad_accum'] else 'native':<7}{c['output']:>8.2f}{gv:>11}"
+              f"{c['grad_loc']:>10.1e}{c['grad_attn']:>10.1e}  "
+              f"{'ok' if c['passed'] else 'FAIL'}")
+    failed = sum(not c["passed"] for c in calls)
+    print(f"{'FAIL' if failed else 'PASS'}: {len(calls) - failed} of {len(calls)} checks "
+          f"within. Written: {written}")
+    return 1 if failed else 0
 
 
 def main(argv=None) -> int:

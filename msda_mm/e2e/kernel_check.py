@@ -1,0 +1,119 @@
+"""Do msda_mm's bf16 kernels compute what its fp32 kernels compute, on the
+inputs a real model gives them?  (tools/parity.py kernels;
+tests/ops/test_msda_bf16_matches_fp32.py on random inputs.)
+
+Under bf16 AMP the op gets a bf16 value and fp32 locations and weights, and
+output_proj rounds its output to bf16 whatever dtype it has.  So the bf16
+kernels and the fp32 kernels fed the same values upcast differ only by the
+output's rounding and the order of fp32 sums: the bf16 output, and
+grad_value accumulated in fp32, must be the fp32 kernels' result rounded
+(to nearest on the GPU, half a bf16 unit; Triton's interpreter truncates, a
+whole unit) give or take summation-order noise, bounded by 2**-16 of the sum
+of the absolute terms (the same op on |value| and |grad_out|: the attention
+and bilinear weights are non-negative); the location and weight gradients
+(fp32) within 1e-5 relative.  A kernel that multiplied or summed in bf16
+would be off by ~2**-9 of its terms, and one that truncated on the GPU by up
+to a whole unit.
+
+Session 6 ran this on every MSDA call of a DINO training batch on the H200
+(benchmarks/e2e/README.md): all within, while bf16 trainings lagged.
+"""
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Iterator, Optional
+from unittest import mock
+
+import torch
+from torch import Tensor
+
+from ..models import triton_ms_deform_attn
+from ..ops import multi_scale_deformable_attention
+
+# Relative bound of the location and weight gradients (fp32 sums in another order).
+GRAD_REL_TOL = 1e-5
+# Summation-order noise, relative to the sum of the absolute terms.
+ORDER_NOISE = 2.0**-16
+
+
+def bf16_excess(got: Tensor, want: Tensor, magnitude: Tensor, units: float) -> Tensor:
+    """Per element, how many bf16 units (8 significant bits, at the larger of
+    got and want: they may straddle a power of two) ``got`` is past ``units``
+    units plus ORDER_NOISE * ``magnitude`` away from ``want``; <= 0 where it
+    is within."""
+    got, want, magnitude = got.double(), want.double(), magnitude.double()
+    larger = torch.maximum(got.abs(), want.abs()).clamp_min(2.0**-100)
+    spacing = torch.exp2(torch.floor(torch.log2(larger)) - 7)
+    return ((got - want).abs() - units * spacing - ORDER_NOISE * magnitude) / spacing
+
+
+def _forward_backward(args: dict, value: Tensor, grad_out: Tensor,
+                      fp32_grad_accum: Optional[bool]) -> tuple[Tensor, ...]:
+    """(output, grad_value, grad_loc, grad_attn) of the op on ``args`` with ``value``."""
+    leaves = [t.detach().clone().requires_grad_()
+              for t in (value, args["sampling_locations"], args["attention_weights"])]
+    out = multi_scale_deformable_attention(leaves[0], args["spatial_shapes"],
+                                           args["level_start_index"], leaves[1], leaves[2],
+                                           fp32_grad_accum=fp32_grad_accum)
+    return (out.detach(), *torch.autograd.grad(out, leaves, grad_out.to(out.dtype)))
+
+
+def compare_to_fp32(args: dict, grad_out: Tensor, fp32_grad_accum: bool) -> dict:
+    """The op on ``args`` (value bf16; the op's other arguments by name) and
+    bf16 ``grad_out`` (B, Q, M * D), against the same op on the value and
+    grad_out upcast to fp32.  Returns the worst excess in bf16 units of the
+    output and (fp32_grad_accum only: native bf16 atomics round every
+    partial sum) of grad_value (<= 0 within, see bf16_excess), the relative
+    differences of grad_loc and grad_attn, and ``passed``."""
+    value = args["value"]
+    if value.dtype != torch.bfloat16:
+        raise TypeError(f"compare_to_fp32 checks a bf16 value, got {value.dtype}")
+    with torch.autocast(value.device.type, enabled=False), torch.enable_grad():
+        out32, gv32, gl32, ga32 = _forward_backward(args, value.float(), grad_out.float(), None)
+        out16, gv16, gl16, ga16 = _forward_backward(args, value, grad_out, fp32_grad_accum)
+        out_abs, gv_abs, _, _ = _forward_backward(args, value.float().abs(),
+                                                  grad_out.float().abs(), None)
+    units = 0.5 if value.is_cuda else 1.0
+    result = dict(output=bf16_excess(out16, out32, out_abs, units).max().item(),
+                  grad_value=(bf16_excess(gv16, gv32, gv_abs, 0.5).max().item()
+                              if fp32_grad_accum else None),
+                  grad_loc=((gl16 - gl32).norm() / gl32.norm()).item(),
+                  grad_attn=((ga16 - ga32).norm() / ga32.norm()).item())
+    result["passed"] = (result["output"] <= 0 and (result["grad_value"] or 0) <= 0
+                        and max(result["grad_loc"], result["grad_attn"]) < GRAD_REL_TOL)
+    return result
+
+
+@contextmanager
+def checked_calls(max_calls: int = 32, seed: int = 0) -> Iterator[list[dict]]:
+    """Inside the block, each of the first ``max_calls`` calls with a bf16
+    value that a TritonMSDeformAttn makes to the op is also checked by
+    compare_to_fp32 (with a random bf16 grad_out; fp32 accumulation, and
+    on CUDA native atomics too); one dict per call and accumulation is
+    appended to the yielded list.  The calls themselves run unchanged."""
+    results: list[dict] = []
+    generator = torch.Generator().manual_seed(seed)
+    op = triton_ms_deform_attn.multi_scale_deformable_attention
+
+    def checking(value, spatial_shapes, level_start_index, sampling_locations,
+                 attention_weights, **kwargs):
+        calls = len({r["call"] for r in results})
+        if value.dtype == torch.bfloat16 and calls < max_calls:
+            args = dict(value=value.detach(), spatial_shapes=spatial_shapes,
+                        level_start_index=level_start_index,
+                        sampling_locations=sampling_locations.detach(),
+                        attention_weights=attention_weights.detach())
+            B, Q, M = sampling_locations.shape[:3]
+            grad_out = torch.randn(B, Q, M * value.shape[-1], generator=generator)
+            grad_out = grad_out.to(value.device, torch.bfloat16)
+            for accum in (True, False) if value.is_cuda else (True,):
+                results.append(dict(call=calls, value=list(value.shape),
+                                    locations=list(sampling_locations.shape),
+                                    location_dtype=str(sampling_locations.dtype),
+                                    fp32_grad_accum=accum,
+                                    **compare_to_fp32(args, grad_out, accum)))
+        return op(value, spatial_shapes, level_start_index, sampling_locations,
+                  attention_weights, **kwargs)
+
+    with mock.patch.object(triton_ms_deform_attn, "multi_scale_deformable_attention", checking):
+        yield results
