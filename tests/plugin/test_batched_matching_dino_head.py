@@ -1,5 +1,6 @@
 """BatchedMatchingDINOHead gives mmdet's DINOHead targets and losses with one
-device-to-host transfer per matched output (CPU, fp32)."""
+device-to-host transfer per matched output, and its denoising targets with
+none (CPU, fp32)."""
 import copy
 from pathlib import Path
 
@@ -143,6 +144,34 @@ def test_host_waits_per_output_do_not_grow_with_the_batch(num_gts, ours_expected
     assert ours == ours_expected
 
 
+def dn_meta(num_gts, groups=3):
+    """CdnQueryGenerator's sizes: groups of twice the most GTs of an image."""
+    per_group = 2 * max(num_gts + [1])
+    return dict(num_denoising_groups=groups, num_denoising_queries=groups * per_group)
+
+
+@pytest.mark.parametrize("groups", [1, 5])
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_dn_targets_are_mmdets_without_host_waits(case, groups, monkeypatch):
+    mmdet_head, head = build_heads("focal")
+    _, _, gts, metas = random_output(**CASES[case])
+    meta = dn_meta(CASES[case]["num_gts"], groups)
+    assert_same_targets(head.get_dn_targets(gts, metas, meta),
+                        mmdet_head.get_dn_targets(gts, metas, meta))
+    # mmdet's, per image: its image-size factor (and an uncounted scalar
+    # copy; without GTs an empty index tensor too).
+    theirs = count_host_waits(lambda: mmdet_head.get_dn_targets(gts, metas, meta), monkeypatch)
+    assert theirs >= len(gts)
+    assert count_host_waits(lambda: head.get_dn_targets(gts, metas, meta), monkeypatch) == 0
+
+
+def test_dn_targets_refuse_groups_too_small_for_the_gts():
+    _, head = build_heads("focal")
+    _, _, gts, metas = random_output([3, 5])
+    with pytest.raises(ValueError, match="room for 4 GT boxes an image; an image has 5"):
+        head.get_dn_targets(gts, metas, dict(num_denoising_groups=2, num_denoising_queries=16))
+
+
 def test_bad_input_is_refused():
     _, head = build_heads("focal")
     scores, boxes, gts, metas = random_output([1, 2])
@@ -231,3 +260,23 @@ def test_targets_and_waits_on_cuda(case):
         waits.append(sum(e.name == "cudaStreamSynchronize" for e in prof.events()))
     images = len(inputs[2])
     assert waits[0] <= 3 < 5 * images <= waits[1], waits
+
+
+@pytest.mark.gpu
+def test_dn_targets_and_waits_on_cuda():
+    # No wait at all for the denoising targets (pinned non-blocking copies),
+    # against mmdet's 2 a image (its factor's copy and the scalar written at
+    # the positives).
+    mmdet_head, head = build_heads("focal")
+    inputs = _cuda(random_output(**CASES["mixed"]))
+    gts, metas = inputs[2], inputs[3]
+    meta = dn_meta(CASES["mixed"]["num_gts"], groups=5)
+    assert_same_targets(head.get_dn_targets(gts, metas, meta),
+                        mmdet_head.get_dn_targets(gts, metas, meta))
+    waits = []
+    for h in (head, mmdet_head):
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            h.get_dn_targets(gts, metas, meta)
+        waits.append(sum(e.name == "cudaStreamSynchronize" for e in prof.events()))
+    assert waits[0] == 0 < len(gts) <= waits[1], waits
