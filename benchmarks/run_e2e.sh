@@ -249,7 +249,7 @@ seed_run() {
     ((checks)) || return 0
     [[ $variant == bf16_fp32compute ]] && set --
     if [[ ! -f $work/epoch_$val.pth ]]; then
-        echo "grads, kernels_${variant}_seed$seed   skipped (no $work/epoch_$val.pth)" >> "$SUMMARY"
+        echo "checks_${variant}_seed$seed   skipped (no $work/epoch_$val.pth)" >> "$SUMMARY"
         return 0
     fi
     for check in grads:40 kernels:0; do  # parity.py subcommand:seconds kept for the next

@@ -69,9 +69,9 @@ def test_ap_part_runs_session_5s_schedule(tmp_path):
     steps = _steps(summary)
     assert set(steps) == {"prepare_data", "train_bf16_fp32compute_seed0",
                           "grads_bf16_fp32compute_seed0", "kernels_bf16_fp32compute_seed0"}, summary
-    # The smoke config is fp32: the kernel check finds no bf16 call (exit 2).
+    # The smoke config is fp32: the kernel check finds no bf16 call (exit 4).
     kernels = steps.pop("kernels_bf16_fp32compute_seed0")
-    assert " rc=2 " in kernels and "parity.py kernels" in kernels, summary
+    assert " rc=4 " in kernels and "parity.py kernels" in kernels, summary
     assert "epoch_2.pth" in kernels and "fp32_compute=True" not in kernels, summary
     assert all(" rc=0 " in line for line in steps.values()), summary
     line = steps["train_bf16_fp32compute_seed0"]

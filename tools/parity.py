@@ -32,7 +32,8 @@ batch's forward (the config's AMP, so a bf16 config on CUDA), with each of
 the first --max-calls op calls on a bf16 value also run, forward and
 backward, on the bf16 and the fp32 kernels and checked against each other
 (msda_mm/e2e/kernel_check.py); exits
-0 if every call is within, 1 if one is not, 2 if no call had a bf16 value.
+0 if every call is within, 3 if one is not, 4 if no call had a bf16 value
+(1 and 2 stay Python's and argparse's: a crash, a bad command line).
 Writes parity_kernels.json.
 """
 from __future__ import annotations
@@ -106,7 +107,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     add_config_args(ke, default_out="parity_kernels")
     _add_batch_args(ke)
     ke.add_argument("--max-calls", type=positive_int, default=32, metavar="N",
-                    help="op calls to check (default 32: a DINO step's 12 forwards, twice over)")
+                    help="op calls to check (default 32; a DINO step makes 12)")
     ke.set_defaults(run=kernels)
     return parser.parse_args(argv)
 
@@ -317,12 +318,12 @@ def kernels(args: argparse.Namespace) -> int:
 
 
 def _print_kernels(config: str, calls: list[dict], written) -> int:
-    """kernel_check's calls as a table; the exit code (0 all within, 1 one
-    not, 2 none to check)."""
+    """kernel_check's calls as a table; the exit code (0 all within, 3 one
+    not, 4 none to check)."""
     if not calls:
         print(f"No op call of {config} had a bf16 value: nothing to check (the bf16 kernels "
               f"run under bf16 AMP, on CUDA).")
-        return 2
+        return 4
     print(f"\nThe op's bf16 calls in one batch of {config}, against the fp32 kernels "
           f"(output / grad_value: worst excess in bf16 units, <= 0 within; grad_loc / "
           f"grad_attn: relative difference, < {kernel_check.GRAD_REL_TOL:g}):")
@@ -337,7 +338,7 @@ def _print_kernels(config: str, calls: list[dict], written) -> int:
     failed = sum(not c["passed"] for c in calls)
     print(f"{'FAIL' if failed else 'PASS'}: {len(calls) - failed} of {len(calls)} checks "
           f"within. Written: {written}")
-    return 1 if failed else 0
+    return 3 if failed else 0
 
 
 def main(argv=None) -> int:

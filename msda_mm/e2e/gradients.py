@@ -2,9 +2,11 @@
 ``fp32_compute``: does running the op on bf16 values change what a step
 learns, beyond the op's own run-to-run noise?
 
-The question comes from benchmarks/e2e/ap_b16: bf16 AMP trainings with the
-op on bf16 values lagged far behind those with it computing in fp32, while
-the kernels agree on the same values (tests/ops/test_msda_bf16_matches_fp32.py).
+The question came from session 5's runs in benchmarks/e2e/ap_b16 (bf16 AMP
+trainings with the op on bf16 values lagged far behind those with it
+computing in fp32; more seeds in session 6 showed the lag with the op in
+fp32 too), while the kernels agree on the same values
+(tests/ops/test_msda_bf16_matches_fp32.py).
 Four backward passes of one batch from the same weights and random state
 answer it for a real model and batch, each TritonMSDeformAttn set as
 follows: as configured, twice (on CUDA its atomics add in a different order
@@ -19,8 +21,9 @@ of fp32 sums if the kernels are).
 What the floor does not cover: at two bf16 runs' epoch-4 checkpoints on the
 H200 (benchmarks/e2e/ap_b16) the configured passes gave bit-identical losses
 while fp32_compute moved the loss by 0.09 and 0.97 and the gradients by a
-median 39-51% (floor 0.3%), although every op call of such a batch agrees
-with the fp32 kernels to half a bf16 unit.  We read that as the model's
+median 39-51% (floor 0.3%), although every op call of one batch agreed
+with the fp32 kernels to half a bf16 unit (at initial weights; not checked
+at those checkpoints).  We read that as the model's
 discrete steps (two-stage top-k query selection, Hungarian matching)
 amplifying the op output's last-bit differences, so a large fp32_compute
 difference does not by itself point at the kernels; the control this
@@ -76,9 +79,10 @@ def gradients(model: nn.Module, loss_fn: Callable[[], torch.Tensor],
 
 
 def relative_difference(a: torch.Tensor, b: torch.Tensor) -> float:
-    """||a - b|| / max(||a||, ||b||); 0 for two zero tensors."""
+    """||a - b|| / max(||a||, ||b||); 0 for two zero tensors, NaN where
+    either holds a NaN."""
     scale = max(a.norm().item(), b.norm().item())
-    return (a - b).norm().item() / scale if scale > 0 else 0.0
+    return 0.0 if scale == 0 else (a - b).norm().item() / scale
 
 
 def compare(model: nn.Module, loss_fn: Callable[[], torch.Tensor],

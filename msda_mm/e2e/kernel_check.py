@@ -29,6 +29,7 @@ from torch import Tensor
 
 from ..models import triton_ms_deform_attn
 from ..ops import multi_scale_deformable_attention
+from .gradients import relative_difference
 
 # Relative bound of the location and weight gradients (fp32 sums in another order).
 GRAD_REL_TOL = 1e-5
@@ -64,7 +65,10 @@ def compare_to_fp32(args: dict, grad_out: Tensor, fp32_grad_accum: bool) -> dict
     grad_out upcast to fp32.  Returns the worst excess in bf16 units of the
     output and (fp32_grad_accum only: native bf16 atomics round every
     partial sum) of grad_value (<= 0 within, see bf16_excess), the relative
-    differences of grad_loc and grad_attn, and ``passed``."""
+    differences of grad_loc and grad_attn, whether the bf16 op's results
+    have its inputs' dtypes (output and grad_value bf16, grad_loc and
+    grad_attn those of the locations and weights), and ``passed``: all of
+    them within (a NaN anywhere fails)."""
     value = args["value"]
     if value.dtype != torch.bfloat16:
         raise TypeError(f"compare_to_fp32 checks a bf16 value, got {value.dtype}")
@@ -77,10 +81,16 @@ def compare_to_fp32(args: dict, grad_out: Tensor, fp32_grad_accum: bool) -> dict
     result = dict(output=bf16_excess(out16, out32, out_abs, units).max().item(),
                   grad_value=(bf16_excess(gv16, gv32, gv_abs, 0.5).max().item()
                               if fp32_grad_accum else None),
-                  grad_loc=((gl16 - gl32).norm() / gl32.norm()).item(),
-                  grad_attn=((ga16 - ga32).norm() / ga32.norm()).item())
-    result["passed"] = (result["output"] <= 0 and (result["grad_value"] or 0) <= 0
-                        and max(result["grad_loc"], result["grad_attn"]) < GRAD_REL_TOL)
+                  grad_loc=relative_difference(gl16, gl32),
+                  grad_attn=relative_difference(ga16, ga32),
+                  dtypes_match=(out16.dtype == gv16.dtype == torch.bfloat16
+                                and gl16.dtype == args["sampling_locations"].dtype
+                                and ga16.dtype == args["attention_weights"].dtype))
+    # Each comparison on its own, and false for NaN (max() would skip one).
+    result["passed"] = bool(result["output"] <= 0
+                            and (result["grad_value"] is None or result["grad_value"] <= 0)
+                            and result["grad_loc"] < GRAD_REL_TOL
+                            and result["grad_attn"] < GRAD_REL_TOL and result["dtypes_match"])
     return result
 
 
