@@ -1,5 +1,7 @@
 """msda_mm.e2e.gradients (tools/parity.py grads) on one TritonMSDeformAttn
 under bf16 autocast on the CPU (the PyTorch reference backend)."""
+import math
+
 import pytest
 import torch
 from torch import nn
@@ -55,3 +57,13 @@ def test_gradients_differ_exactly_when_the_op_does(reference_backend, monkeypatc
     assert set(report["losses"]) == set(gradients.PASSES)
     # Restored.
     assert not model["attn"].fp32_compute and model["attn"].fp32_grad_accum is None
+
+
+def test_relative_difference_keeps_nan_and_zero():
+    nan, zeros = torch.tensor([float("nan")]), torch.zeros(1)
+    # A NaN on either side is NaN (a check comparing it to a tolerance fails),
+    # two zero tensors agree exactly.
+    assert math.isnan(gradients.relative_difference(zeros, nan))
+    assert math.isnan(gradients.relative_difference(nan, zeros))
+    assert gradients.relative_difference(torch.zeros(3), torch.zeros(3)) == 0.0
+    assert gradients.relative_difference(torch.ones(2), torch.full((2,), 1.25)) == pytest.approx(0.2)

@@ -32,6 +32,7 @@ forward kernel at the same dtype).
 """
 from __future__ import annotations
 
+import math
 from contextlib import contextmanager
 from typing import Callable, Iterator
 
@@ -81,8 +82,10 @@ def gradients(model: nn.Module, loss_fn: Callable[[], torch.Tensor],
 def relative_difference(a: torch.Tensor, b: torch.Tensor) -> float:
     """||a - b|| / max(||a||, ||b||); 0 for two zero tensors, NaN where
     either holds a NaN."""
-    scale = max(a.norm().item(), b.norm().item())
-    return 0.0 if scale == 0 else (a - b).norm().item() / scale
+    norms = (a.norm().item(), b.norm().item())
+    if math.isnan(norms[0]) or math.isnan(norms[1]):
+        return math.nan  # max() would keep or drop a NaN by argument order
+    return 0.0 if max(norms) == 0 else (a - b).norm().item() / max(norms)
 
 
 def compare(model: nn.Module, loss_fn: Callable[[], torch.Tensor],

@@ -186,7 +186,7 @@ class BatchedMatchingDINOHead(DINOHead):
         gt_labels = torch.cat([gts.labels for gts in batch_gt_instances])
         num_gts = [len(gts.labels) for gts in batch_gt_instances]
         if max(num_gts, default=0) > per_group // 2:
-            # mmdet would write past the group (or fail past the image).
+            # mmdet would write over the negatives, past the group or fail past the image.
             raise ValueError(f"dn_meta has groups of {per_group} denoising queries, room for "
                              f"{per_group // 2} GT boxes an image; an image has "
                              f"{max(num_gts)}")
@@ -213,8 +213,12 @@ class BatchedMatchingDINOHead(DINOHead):
             labels[query] = gt_labels[gt]
             bbox_weights.index_fill_(0, query, 1.0)  # no scalar copy: see get_targets
             bbox_targets[query] = bbox_xyxy_to_cxcywh(gt_bboxes[gt] / factors[img])
-        return (list(labels.split(num_dn)), list(label_weights.split(num_dn)),
-                list(bbox_targets.split(num_dn)), list(bbox_weights.split(num_dn)),
+        # One entry per image, also for D = 0 (no GT in the batch), which split() would not give.
+        num_imgs = len(batch_gt_instances)
+        return (list(labels.view(num_imgs, num_dn).unbind()),
+                list(label_weights.view(num_imgs, num_dn).unbind()),
+                list(bbox_targets.view(num_imgs, num_dn, 4).unbind()),
+                list(bbox_weights.view(num_imgs, num_dn, 4).unbind()),
                 num_total_pos, num_total_pos)
 
     def get_targets(self, cls_scores_list: List[Tensor], bbox_preds_list: List[Tensor],

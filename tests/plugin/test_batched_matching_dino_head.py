@@ -144,18 +144,21 @@ def test_host_waits_per_output_do_not_grow_with_the_batch(num_gts, ours_expected
     assert ours == ours_expected
 
 
-def dn_meta(num_gts, groups=3):
-    """CdnQueryGenerator's sizes: groups of twice the most GTs of an image."""
-    per_group = 2 * max(num_gts + [1])
-    return dict(num_denoising_groups=groups, num_denoising_queries=groups * per_group)
+def dn_meta(num_gts, groups=3, spare=0):
+    """CdnQueryGenerator's sizes: groups of twice the most GTs of an image
+    (no query at all without GTs); ``spare`` more queries than the groups
+    divide evenly (mmdet rounds the group size down)."""
+    per_group = 2 * max(num_gts)
+    return dict(num_denoising_groups=groups,
+                num_denoising_queries=groups * per_group + spare if per_group else 0)
 
 
-@pytest.mark.parametrize("groups", [1, 5])
+@pytest.mark.parametrize("groups, spare", [(1, 0), (5, 0), (3, 2)])
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_dn_targets_are_mmdets_without_host_waits(case, groups, monkeypatch):
+def test_dn_targets_are_mmdets_without_host_waits(case, groups, spare, monkeypatch):
     mmdet_head, head = build_heads("focal")
     _, _, gts, metas = random_output(**CASES[case])
-    meta = dn_meta(CASES[case]["num_gts"], groups)
+    meta = dn_meta(CASES[case]["num_gts"], groups, spare)
     assert_same_targets(head.get_dn_targets(gts, metas, meta),
                         mmdet_head.get_dn_targets(gts, metas, meta))
     # mmdet's, per image: its image-size factor (and an uncounted scalar
@@ -219,7 +222,8 @@ def test_training_step_losses_are_mmdets(reference_backend, quiet_mmengine, monk
         torch.manual_seed(1)  # the same denoising queries
         losses.append(model.loss(data["inputs"], data["data_samples"]))
     assert set(losses[0]) == set(losses[1])
-    assert {"loss_cls", "loss_bbox", "loss_iou", "enc_loss_cls", "d0.loss_cls"} <= set(losses[1])
+    assert {"loss_cls", "loss_bbox", "loss_iou", "enc_loss_cls", "d0.loss_cls",
+            "dn_loss_cls", "dn_loss_bbox", "d0.dn_loss_iou"} <= set(losses[1])
     for name in losses[0]:
         assert torch.equal(losses[0][name], losses[1][name]), name
     # 3 decoder layers and the encoder's proposals went through the new head.
