@@ -62,6 +62,15 @@ def _to_device(host: Tensor, device: torch.device) -> Tensor:
     return host.to(device)
 
 
+def _image_factors(batch_img_metas: List[dict], dtype: torch.dtype,
+                   device: torch.device) -> Tensor:
+    """(B, 4) = (w, h, w, h) of each image, in ``dtype`` (exact for image
+    sizes), sent to ``device`` in one copy that does not wait."""
+    host = torch.tensor([[m["img_shape"][1], m["img_shape"][0]] * 2 for m in batch_img_metas],
+                        dtype=dtype)
+    return _to_device(host, device)
+
+
 @MODELS.register_module()
 class BatchedMatchingDINOHead(DINOHead):
     """``DINOHead`` whose ``get_targets`` (the Hungarian-matched part: decoder
@@ -198,7 +207,8 @@ class BatchedMatchingDINOHead(DINOHead):
                 i * num_dn + np.arange(num_groups)[:, None] * per_group + np.arange(num),
                 first_gt[i] + np.arange(num), i)).reshape(3, -1)
             for i, num in enumerate(num_gts) if num], axis=1).astype(np.int64)
-        device, total = gt_bboxes.device, len(batch_gt_instances) * num_dn
+        num_imgs, device = len(batch_gt_instances), gt_bboxes.device
+        total = num_imgs * num_dn
         labels = gt_bboxes.new_full((total,), self.num_classes, dtype=torch.long)
         label_weights = gt_bboxes.new_ones(total)
         # fp32 whatever the GT dtype, as mmdet allocates them.
@@ -206,15 +216,12 @@ class BatchedMatchingDINOHead(DINOHead):
         bbox_weights = torch.zeros(total, 4, device=device)
         num_total_pos = positives.shape[1]
         if num_total_pos:
-            factors = _to_device(torch.tensor([[m["img_shape"][1], m["img_shape"][0]] * 2
-                                               for m in batch_img_metas],
-                                              dtype=gt_bboxes.dtype), device)
+            factors = _image_factors(batch_img_metas, gt_bboxes.dtype, device)
             query, gt, img = _to_device(torch.from_numpy(positives), device)
             labels[query] = gt_labels[gt]
             bbox_weights.index_fill_(0, query, 1.0)  # no scalar copy: see get_targets
             bbox_targets[query] = bbox_xyxy_to_cxcywh(gt_bboxes[gt] / factors[img])
         # One entry per image, also for D = 0 (no GT in the batch), which split() would not give.
-        num_imgs = len(batch_gt_instances)
         return (list(labels.view(num_imgs, num_dn).unbind()),
                 list(label_weights.view(num_imgs, num_dn).unbind()),
                 list(bbox_targets.view(num_imgs, num_dn, 4).unbind()),
@@ -251,12 +258,9 @@ class BatchedMatchingDINOHead(DINOHead):
             bboxes=torch.cat([gts.bboxes for gts in batch_gt_instances]),
             labels=torch.cat([gts.labels for gts in batch_gt_instances]))
         gt_bboxes = gt_instances.bboxes
-        # (B, 4) = (w, h, w, h) per image, sent in one copy, in the GT boxes'
-        # dtype (exact for image sizes; BBoxL1Cost's factor has that dtype)
-        # and rounded to the predictions' on the device where DETRHead's is.
-        factors = torch.tensor([[m["img_shape"][1], m["img_shape"][0]] * 2
-                                for m in batch_img_metas], dtype=gt_bboxes.dtype)
-        factors = _to_device(factors, gt_bboxes.device)
+        # In the GT boxes' dtype (BBoxL1Cost's factor has that dtype), and
+        # rounded to the predictions' on the device where DETRHead's is.
+        factors = _image_factors(batch_img_metas, gt_bboxes.dtype, gt_bboxes.device)
         pred_factors = factors.to(bbox_preds_list[0].dtype)
         positives = self._match_on_host(cls_scores_list, bbox_preds_list, factors, pred_factors,
                                         gt_instances, [len(gts) for gts in batch_gt_instances])
