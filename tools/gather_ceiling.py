@@ -29,6 +29,7 @@ from msda_mm.bench.report import device_name, environment, slug, write_json  # n
 from msda_mm.bench.run import DTYPES  # noqa: E402
 from msda_mm.bench.timing import graph_times_us, kernel_times_us  # noqa: E402
 
+
 def _tiles(text: str) -> list[tuple[int, int, int]]:
     try:
         tiles = [tuple(int(n) for n in t.split("x")) for t in text.split(",")]
