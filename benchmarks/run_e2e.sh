@@ -3,7 +3,7 @@
 # is killed at 600 s, so every step runs under a deadline and the results are
 # packed before it).
 #
-#   bash benchmarks/run_e2e.sh {train|profile|seeds|ap|ddp} OUT
+#   bash benchmarks/run_e2e.sh {train|profile|seeds|ap|amp|ddp} OUT
 #
 # train:   DINO R50 on synthetic data in bf16 (then tools/parity.py eval of its
 #          checkpoint) and its fp32 twin, the same schedule; then, in the time
@@ -17,7 +17,10 @@
 #          E2E_VARIANTS (default "bf16 fp32"; also bf16_fp32accum: bf16 with
 #          fp32 grad_value accumulation, the pre-Hopper path; and
 #          bf16_fp32compute: bf16 AMP with the op run on an fp32 copy of the
-#          value) and seed of E2E_SEEDS (default "0 1"), all runs at once
+#          value; bf16_noscale: bf16 AMP without the GradScaler; and the
+#          bf16_fp32* variants of KEEP_FP32 below: bf16 AMP with submodules
+#          kept in fp32) and seed of E2E_SEEDS (default
+#          "0 1"), all runs at once
 #          (round-robin over the GPUs; on one GPU they share it): AP against
 #          seed-to-seed noise.
 # ap:      seeds' runs on session 5's schedule, the one that reached AP 85 in
@@ -30,6 +33,13 @@
 #          Meant for one run
 #          per GPU: on 2 GPUs, two variants (or seeds) a call; E2E_BUDGET_S
 #          defaults to 560 here (fp32: ~500 s).
+# amp:     the first E2E_AMP_EPOCHS (default 3: 189 steps) epochs of the ap
+#          schedule, evaluated once at the end, no checkpoint or checks, for
+#          every variant
+#          of E2E_VARIANTS (default: bf16, fp32, bf16_noscale and the
+#          KEEP_FP32 ones)
+#          at once: which part of bf16 AMP makes its loss lag fp32's from
+#          the first steps (every bf16 run of ap_b16 did, in its first 50).
 # ddp:     (2 GPUs) the multi-GPU op test; the synthetic bf16 training through
 #          tools/dist_train.sh on 2 GPUs (2 x 4 images a step), then the same
 #          schedule on one GPU (8 images a step) once per GPU, seeds 0 and 1
@@ -50,7 +60,7 @@ set -uo pipefail  # no -e: a failed step is recorded and the others still run
 
 PART=${1:-}
 OUT=${2:-}
-[[ $PART =~ ^(train|profile|seeds|ap|ddp)$ && -n $OUT ]] || { echo "usage: $0 {train|profile|seeds|ap|ddp} OUT" >&2; exit 2; }
+[[ $PART =~ ^(train|profile|seeds|ap|amp|ddp)$ && -n $OUT ]] || { echo "usage: $0 {train|profile|seeds|ap|amp|ddp} OUT" >&2; exit 2; }
 mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd) && cd "$(dirname "$0")/.." || exit 2
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 BUDGET=${E2E_BUDGET_S:-530}
@@ -60,7 +70,7 @@ RES=work_dirs/e2e/$PART
 SUMMARY=$OUT/$PART.log
 
 EPOCHS=${E2E_EPOCHS:-4}
-[[ $PART == ap ]] && EPOCHS=${E2E_EPOCHS:-16}
+[[ $PART == ap || $PART == amp ]] && EPOCHS=${E2E_EPOCHS:-16}
 WORKERS=2  # loader workers per seeds run: the runs share the host's cores
 if [[ ${E2E_SMOKE:-0} == 1 ]]; then
     TINY=configs/synthetic/dino_tiny_cpu.py
@@ -82,7 +92,7 @@ fi
 # validation halfway and at the end, LR drop before the last epoch; a
 # checkpoint every epoch so that a run cut by the deadline still has one;
 # the loss logged every 10 iterations, for curves to compare the precisions.
-if [[ $PART == ap ]]; then
+if [[ $PART == ap || $PART == amp ]]; then
     # Session 5's schedule (see the header); the checkpoints only with the
     # evaluations (each is ~570 MB with AdamW's state), all kept: seed_run
     # reads the first after the training.
@@ -94,6 +104,10 @@ if [[ $PART == ap ]]; then
                  default_hooks.logger.interval=10
                  train_dataloader.batch_size=16 model.bbox_head.type=BatchedMatchingDINOHead
                  optim_wrapper.optimizer.fused=True)
+    # amp: its first epochs only, and nothing after the training.
+    [[ $PART == amp ]] && TRAIN_OPTS+=(train_cfg.max_epochs="${E2E_AMP_EPOCHS:-3}"
+                                       train_cfg.val_interval=1000
+                                       default_hooks.checkpoint.save_last=False)
 else
     TRAIN_OPTS+=(train_cfg.max_epochs="$EPOCHS" train_cfg.val_interval=$(((EPOCHS + 1) / 2))
                  param_scheduler.0.end="$EPOCHS" "param_scheduler.0.milestones=[$((EPOCHS - 1))]"
@@ -105,6 +119,18 @@ FP32_ACCUM=(model.encoder.layer_cfg.self_attn_cfg.fp32_grad_accum=True
 # bf16 AMP with every MSDA op run on an fp32 copy of its value (fp32_compute).
 FP32_COMPUTE=(model.encoder.layer_cfg.self_attn_cfg.fp32_compute=True
               model.decoder.layer_cfg.cross_attn_cfg.fp32_compute=True)
+# bf16 AMP with these submodules of DINO (and all under them) in fp32
+# (SelectiveAmpOptimWrapper), by variant: the detection head's branches
+# (the encoder's class scores that pick the queries, the matching's logits,
+# the box deltas); those and the encoder output's projection to proposals
+# (everything that turns features into boxes and scores); the backbone; the
+# encoder; and the whole transformer.
+declare -A KEEP_FP32=(
+    [bf16_fp32head]=bbox_head
+    [bf16_fp32boxes]=bbox_head,memory_trans_fc,memory_trans_norm
+    [bf16_fp32backbone]=backbone
+    [bf16_fp32encoder]=encoder
+    [bf16_fp32transformer]=encoder,decoder,bbox_head,memory_trans_fc,memory_trans_norm)
 
 if [[ -n ${CUDA_VISIBLE_DEVICES:-} ]]; then
     IFS=, read -ra GPUS <<< "$CUDA_VISIBLE_DEVICES"
@@ -113,11 +139,13 @@ else
                         python3 -c 'import torch; [print(i) for i in range(torch.cuda.device_count())]')
 fi
 VARIANTS=${E2E_VARIANTS:-bf16 fp32}
+[[ $PART == amp ]] && VARIANTS=${E2E_VARIANTS:-bf16 fp32 bf16_noscale ${!KEEP_FP32[*]}}
 SEEDS=${E2E_SEEDS:-0 1}
-[[ $PART == ap ]] && SEEDS=${E2E_SEEDS:-0}  # one run per GPU
+[[ $PART == ap || $PART == amp ]] && SEEDS=${E2E_SEEDS:-0}  # ap: one run per GPU
 for variant in $VARIANTS; do
-    [[ $variant =~ ^(bf16|fp32|bf16_fp32accum|bf16_fp32compute)$ ]] ||
-        { echo "$0: E2E_VARIANTS: unknown variant '$variant' (bf16, fp32, bf16_fp32accum, bf16_fp32compute)" >&2; exit 2; }
+    [[ $variant =~ ^(bf16|fp32|bf16_fp32accum|bf16_fp32compute|bf16_noscale)$ || -n ${KEEP_FP32[$variant]:-} ]] ||
+        { echo "$0: E2E_VARIANTS: unknown variant '$variant' (bf16, fp32, bf16_fp32accum," \
+               "bf16_fp32compute, bf16_noscale, ${!KEEP_FP32[*]})" >&2; exit 2; }
     # Two runs of one variant and seed would share a work_dir.
     [[ " ${seen:-} " != *" $variant "* ]] ||
         { echo "$0: E2E_VARIANTS: '$variant' given twice" >&2; exit 2; }
@@ -225,6 +253,9 @@ seed_runs() {
             [[ $variant == fp32 ]] && cfg=$SYN_FP32
             [[ $variant == bf16_fp32accum ]] && extra=("${FP32_ACCUM[@]}")
             [[ $variant == bf16_fp32compute ]] && extra=("${FP32_COMPUTE[@]}")
+            [[ $variant == bf16_noscale ]] && extra=(optim_wrapper.loss_scale.enabled=False)
+            [[ -n ${KEEP_FP32[$variant]:-} ]] && extra=(optim_wrapper.type=SelectiveAmpOptimWrapper
+                                                     "optim_wrapper.fp32_modules=[${KEEP_FP32[$variant]}]")
             CUDA_VISIBLE_DEVICES=$gpu seed_run "$variant" "$seed" "$cfg" "${extra[@]}" &
         done
     done
@@ -284,7 +315,7 @@ if [[ $PART == train ]]; then
     step prepare_data 0 python3 - "${SIZE[0]}x${SIZE[1]}" "$SYN_BF16" <<< "$PREPARE_DATA"
     lanes train_bf16 train_fp32
     headline='bbox_mAP_copypaste|^coco/bbox_mAP |^(PASS|FAIL)|^\| [0-9]'
-elif [[ $PART == seeds || $PART == ap ]]; then
+elif [[ $PART == seeds || $PART == ap || $PART == amp ]]; then
     step prepare_data 0 python3 - "$SYN_BF16" <<< "$PREPARE_DATA"
     seed_runs
     headline='bbox_mAP_copypaste|^  loss: |^    (floor|fp32_compute|bf16_value) |^(PASS|FAIL): |^No op call'

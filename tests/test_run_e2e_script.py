@@ -98,6 +98,30 @@ def test_ap_part_runs_session_5s_schedule(tmp_path):
         assert any(n.endswith(report) for n in names), report
 
 
+def test_amp_part_runs_the_first_epochs_of_the_ap_schedule(tmp_path):
+    # On CPU train.py refuses the AMP variants (SelectiveAmpOptimWrapper needs
+    # CUDA): their command lines are what is checked; fp32 trains.
+    run = _run("amp", tmp_path, E2E_VARIANTS="fp32 bf16_fp32head")
+    summary = (tmp_path / "amp.log").read_text()
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    steps = _steps(summary)
+    assert set(steps) == {"prepare_data", "train_fp32_seed0", "train_bf16_fp32head_seed0"}, summary
+    fp32, head = steps["train_fp32_seed0"], steps["train_bf16_fp32head_seed0"]
+    assert " rc=0 " in fp32 and " rc=1 " in head, summary
+    for option in ("train_dataloader.batch_size=16", "param_scheduler.0.milestones=[1]",
+                   "train_cfg.max_epochs=3", "train_cfg.val_interval=1000",
+                   "checkpoint.save_last=False"):
+        assert option in fp32 and option in head, summary
+    # The cut comes after the schedule's own max_epochs, so it wins.
+    assert fp32.index("train_cfg.max_epochs=2") < fp32.index("train_cfg.max_epochs=3"), summary
+    assert "SelectiveAmpOptimWrapper" not in fp32, summary
+    assert ("optim_wrapper.type=SelectiveAmpOptimWrapper optim_wrapper.fp32_modules=[bbox_head]"
+            in head), summary
+    log = (ROOT / "work_dirs/e2e/amp/logs/train_bf16_fp32head_seed0.log").read_text()
+    assert "SelectiveAmpOptimWrapper (float16 mixed precision), which needs a CUDA GPU" in log
+    assert summary.count("bbox_mAP_copypaste") == 1, summary  # fp32's, once at the end
+
+
 def test_ap_part_warns_when_runs_share_a_gpu(tmp_path):
     # Two runs on one GPU; a zero budget skips every step after the warning.
     run = _run("ap", tmp_path, gpus="0", timeout=120, E2E_VARIANTS="bf16 fp32",
@@ -106,6 +130,7 @@ def test_ap_part_warns_when_runs_share_a_gpu(tmp_path):
 
 
 @pytest.mark.parametrize("variants, message", [("bf16 fp8", "unknown variant 'fp8'"),
+                                               ("bf16_fp32heads", "bf16_noscale, "),
                                                ("bf16 fp32 bf16", "'bf16' given twice")])
 def test_bad_variants_are_refused(variants, message, tmp_path):
     run = _run("seeds", tmp_path, timeout=60, E2E_VARIANTS=variants)

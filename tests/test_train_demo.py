@@ -89,3 +89,30 @@ def test_optim_wrapper_override_turns_amp_config_into_fp32(train_tool):
     train_tool.check_precision(cfg, args.config)
     assert cfg.optim_wrapper.type == "OptimWrapper"
     assert "dtype" not in cfg.optim_wrapper and "loss_scale" not in cfg.optim_wrapper
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the message is for machines without CUDA")
+def test_selective_amp_config_without_cuda_is_refused_too(train_tool):
+    args = train_tool.parse_args([
+        str(ROOT / "configs/dino_bf16.py"), "--cfg-options",
+        "optim_wrapper.type=SelectiveAmpOptimWrapper", "optim_wrapper.fp32_modules=[bbox_head]"])
+    with pytest.raises(SystemExit, match="trains with SelectiveAmpOptimWrapper .bfloat16 mixed "
+                                         "precision., which needs a CUDA GPU"):
+        train_tool.check_precision(train_tool.load_config(args), args.config)
+
+
+def test_optim_wrapper_override_drops_the_fp32_modules_too(train_tool):
+    args = train_tool.parse_args([
+        str(ROOT / "configs/dino_bf16.py"), "--cfg-options",
+        "optim_wrapper.fp32_modules=[bbox_head]", "optim_wrapper.type=OptimWrapper"])
+    cfg = train_tool.load_config(args)
+    train_tool.check_precision(cfg, args.config)
+    assert "fp32_modules" not in cfg.optim_wrapper and "dtype" not in cfg.optim_wrapper
+
+
+@pytest.mark.parametrize("wrapper, amp", [("OptimWrapper", False), ("AmpOptimWrapper", True),
+                                          ("SelectiveAmpOptimWrapper", True)])
+def test_uses_amp_knows_the_autocasting_wrappers(train_tool, wrapper, amp):
+    import common  # tools/common.py, importable through the fixture's path
+
+    assert common.uses_amp({"type": wrapper}) is amp

@@ -13,10 +13,14 @@ import os.path as osp
 
 import torch
 from mmengine.config import Config, DictAction
+from mmengine.optim import AmpOptimWrapper
 from mmengine.registry import RUNNERS
 from mmengine.runner import CheckpointLoader, Runner
 
 import msda_mm.datasets  # noqa: F401  (registrations and mmcv-lite shims)
+
+# isort: split
+from mmdet.registry import OPTIM_WRAPPERS
 
 
 def add_common_args(parser: argparse.ArgumentParser) -> None:
@@ -65,6 +69,15 @@ def load_from_local_trusted(filename: str, map_location=None) -> dict:
     if not osp.isfile(filename):
         raise FileNotFoundError(f"{filename} can not be found.")
     return torch.load(filename, map_location=map_location, weights_only=False)
+
+
+def uses_amp(optim_wrapper_cfg) -> bool:
+    """Whether an ``optim_wrapper`` config autocasts: mmengine's
+    AmpOptimWrapper or a subclass of it (msda_mm's SelectiveAmpOptimWrapper)."""
+    wrapper = optim_wrapper_cfg.get("type", "OptimWrapper")
+    if isinstance(wrapper, str):
+        wrapper = OPTIM_WRAPPERS.get(wrapper)
+    return isinstance(wrapper, type) and issubclass(wrapper, AmpOptimWrapper)
 
 
 def build_runner(cfg: Config) -> Runner:

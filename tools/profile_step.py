@@ -27,7 +27,7 @@ from collections import Counter
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
-from common import build_runner, load_config
+from common import build_runner, load_config, uses_amp
 from train import check_precision
 
 # isort: split
@@ -99,7 +99,7 @@ def apply_args(cfg, args: argparse.Namespace) -> None:
 
 def precision(cfg) -> str:
     wrapper = cfg.optim_wrapper
-    if wrapper.get("type") == "AmpOptimWrapper":
+    if uses_amp(wrapper):
         return f"AMP {wrapper.get('dtype') or 'float16'}"
     return "fp32"
 

@@ -7,10 +7,11 @@ from __future__ import annotations
 import argparse
 
 import torch
-from common import add_common_args, build_runner, load_config
+from common import add_common_args, build_runner, load_config, uses_amp
 
-# AmpOptimWrapper's own arguments, which plain OptimWrapper rejects.
-_AMP_ONLY_ARGS = ("dtype", "loss_scale", "use_fsdp")
+# AmpOptimWrapper's (and SelectiveAmpOptimWrapper's) own arguments, which
+# plain OptimWrapper rejects.
+_AMP_ONLY_ARGS = ("dtype", "loss_scale", "use_fsdp", "fp32_modules")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -51,10 +52,10 @@ def check_precision(cfg, config_path: str) -> None:
     if wrapper.get("type") == "OptimWrapper":
         for key in _AMP_ONLY_ARGS:
             wrapper.pop(key, None)
-    elif wrapper.get("type") == "AmpOptimWrapper" and not torch.cuda.is_available():
+    elif uses_amp(wrapper) and not torch.cuda.is_available():
         dtype = wrapper.get("dtype") or "float16"
         raise SystemExit(
-            f"{config_path} trains with AmpOptimWrapper ({dtype} mixed precision), which needs "
+            f"{config_path} trains with {wrapper['type']} ({dtype} mixed precision), which needs "
             f"a CUDA GPU, and none is available.\nWithout a GPU, either train the CPU demo:\n"
             f"  python tools/train.py configs/synthetic/dino_tiny_cpu.py\n"
             f"or run this config in fp32 (slow on CPU):\n"

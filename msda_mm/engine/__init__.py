@@ -1,0 +1,5 @@
+"""Training-loop pieces for mmengine; importing registers them in mmdet's registries."""
+from .fp32_modules import keep_fp32
+from .selective_amp_optim_wrapper import SelectiveAmpOptimWrapper
+
+__all__ = ["SelectiveAmpOptimWrapper", "keep_fp32"]

@@ -1,0 +1,50 @@
+"""mmengine's AmpOptimWrapper with chosen submodules kept in fp32."""
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Sequence
+
+from mmdet.registry import OPTIM_WRAPPERS
+from mmengine.model import is_model_wrapper
+from mmengine.optim import AmpOptimWrapper
+from torch import nn
+
+from .fp32_modules import keep_fp32
+
+
+@OPTIM_WRAPPERS.register_module()
+class SelectiveAmpOptimWrapper(AmpOptimWrapper):
+    """``AmpOptimWrapper`` (autocast in ``dtype``, mmengine's loss scaling)
+    whose forward runs the submodules ``fp32_modules`` of the model in fp32
+    (see :func:`msda_mm.engine.keep_fp32`), e.g.::
+
+        optim_wrapper = dict(type='SelectiveAmpOptimWrapper', dtype='bfloat16',
+                             fp32_modules=['bbox_head'])
+
+    Args:
+        fp32_modules: dotted paths of submodules of the (unwrapped) model,
+            as in ``model.named_modules()``.
+        **kwargs: ``AmpOptimWrapper``'s arguments.
+
+    The hooks are added on the first ``optim_context`` (mmengine's
+    ``train_step`` enters it around the forward) and stay; with autocast off
+    (validation, testing) they do nothing.
+    """
+
+    def __init__(self, fp32_modules: Sequence[str] = (), **kwargs):
+        if isinstance(fp32_modules, str) or not all(isinstance(n, str) for n in fp32_modules):
+            raise TypeError(f"fp32_modules must be a list of submodule paths, got {fp32_modules!r}")
+        super().__init__(**kwargs)
+        self.fp32_modules = tuple(fp32_modules)
+        self._hooked = None  # the model the hooks are on
+
+    @contextmanager
+    def optim_context(self, model: nn.Module):
+        module = model.module if is_model_wrapper(model) else model
+        if self._hooked is not module:
+            if self._hooked is not None:
+                raise RuntimeError("SelectiveAmpOptimWrapper serves one model; it was given a second")
+            keep_fp32(module, self.fp32_modules)
+            self._hooked = module
+        with super().optim_context(model):
+            yield

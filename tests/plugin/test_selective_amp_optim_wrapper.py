@@ -1,0 +1,122 @@
+"""SelectiveAmpOptimWrapper: mmengine's AmpOptimWrapper with chosen submodules
+of the model in fp32, through a real DINO training step (CPU autocast here,
+CUDA in the GPU test)."""
+import pytest
+import torch
+from mmdet.registry import OPTIM_WRAPPERS
+from mmdet.testing import demo_mm_inputs
+from mmengine.optim.optimizer import amp_optimizer_wrapper
+
+from msda_mm.engine import SelectiveAmpOptimWrapper
+
+from .detr_configs import build_detector
+from .test_dino_train_step import small_dino_cfg
+
+
+@pytest.fixture
+def cuda_check_passes(monkeypatch):
+    """AmpOptimWrapper refuses to be built without a GPU; mmengine's autocast
+    turns CPU autocast on where there is none, which these tests use."""
+    monkeypatch.setattr(amp_optimizer_wrapper, "is_cuda_available", lambda: True)
+
+
+def _wrapper(model, **kwargs):
+    return OPTIM_WRAPPERS.build(dict(type="SelectiveAmpOptimWrapper", dtype="bfloat16",
+                                     optimizer=torch.optim.SGD(model.parameters(), lr=1e-3),
+                                     **kwargs))
+
+
+def _output_dtypes(model):
+    """Records the output dtype of the head's branches and of every encoder
+    value projection, by kind, as the step runs."""
+    seen = {"head": set(), "encoder": set()}
+
+    def recorder(kind):
+        return lambda module, args, output: seen[kind].add(output.dtype)
+
+    for branch in [*model.bbox_head.cls_branches, *model.bbox_head.reg_branches]:
+        branch.register_forward_hook(recorder("head"))
+    for layer in model.encoder.layers:
+        layer.self_attn.value_proj.register_forward_hook(recorder("encoder"))
+    return seen
+
+
+def _step(model, optim_wrapper, device="cpu"):
+    batch = demo_mm_inputs(batch_size=2, image_shapes=[(3, 64, 64), (3, 64, 48)],
+                           num_items=[3, 1], num_classes=80)
+    if device != "cpu":
+        batch["inputs"] = [img.to(device) for img in batch["inputs"]]
+    return model.train_step(batch, optim_wrapper)
+
+
+def test_dino_step_keeps_the_head_in_fp32_and_the_rest_in_bf16(reference_backend, quiet_mmengine,
+                                                               cuda_check_passes):
+    torch.manual_seed(0)
+    model = build_detector(small_dino_cfg())
+    model.init_weights()
+    model.train()
+    seen = _output_dtypes(model)
+    wrapper = _wrapper(model, fp32_modules=["bbox_head"])
+    log_vars = _step(model, wrapper)
+    assert seen == {"head": {torch.float32}, "encoder": {torch.bfloat16}}
+    assert all(torch.isfinite(torch.as_tensor(v)) for v in log_vars.values())
+    # Evaluation runs without autocast: the hooks leave it alone.
+    model.eval()
+    seen["head"].clear()
+    with torch.no_grad():
+        model.test_step(demo_mm_inputs(batch_size=1, image_shapes=[(3, 64, 64)],
+                                       num_classes=80))
+    assert seen["head"] == {torch.float32}
+
+
+def test_without_fp32_modules_it_is_amp_optim_wrapper(reference_backend, quiet_mmengine,
+                                                      cuda_check_passes):
+    torch.manual_seed(0)
+    model = build_detector(small_dino_cfg())
+    model.train()
+    seen = _output_dtypes(model)
+    _step(model, _wrapper(model))
+    assert seen == {"head": {torch.bfloat16}, "encoder": {torch.bfloat16}}
+
+
+def test_one_wrapper_serves_one_model(cuda_check_passes):
+    first, second = torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)
+    wrapper = _wrapper(first, fp32_modules=[""])  # "": the whole model
+    with wrapper.optim_context(first):
+        assert first(torch.randn(1, 2)).dtype == torch.float32
+    with wrapper.optim_context(first):  # again: hooked once
+        pass
+    assert len(first._forward_pre_hooks) == 1
+    with pytest.raises(RuntimeError, match="serves one model"):
+        with wrapper.optim_context(second):
+            pass
+
+
+@pytest.mark.parametrize("bad", ["bbox_head", ["bbox_head", 3]])
+def test_fp32_modules_must_be_a_list_of_paths(bad, cuda_check_passes):
+    with pytest.raises(TypeError, match="fp32_modules must be a list of submodule paths"):
+        _wrapper(torch.nn.Linear(2, 2), fp32_modules=bad)
+
+
+def test_an_unknown_path_names_the_models_children(cuda_check_passes):
+    model = build_detector(small_dino_cfg())
+    wrapper = _wrapper(model, fp32_modules=["bbox_heads"])
+    with pytest.raises(ValueError, match="DINO has no submodule 'bbox_heads'.*'bbox_head'"):
+        with wrapper.optim_context(model):
+            pass
+
+
+def test_registered_for_mmdet_configs():
+    assert OPTIM_WRAPPERS.get("SelectiveAmpOptimWrapper") is SelectiveAmpOptimWrapper
+
+
+@pytest.mark.gpu
+def test_dino_bf16_step_on_cuda_keeps_the_head_in_fp32(quiet_mmengine):
+    torch.manual_seed(0)
+    model = build_detector(small_dino_cfg()).cuda()
+    model.init_weights()
+    model.train()
+    seen = _output_dtypes(model)
+    log_vars = _step(model, _wrapper(model, fp32_modules=["bbox_head"]), device="cuda")
+    assert seen == {"head": {torch.float32}, "encoder": {torch.bfloat16}}
+    assert all(torch.isfinite(torch.as_tensor(v)) for v in log_vars.values())

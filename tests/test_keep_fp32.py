@@ -1,0 +1,109 @@
+"""msda_mm.engine.keep_fp32: chosen submodules run in fp32 under autocast
+(CPU autocast here; CUDA's is the same mechanism, tests/plugin's GPU test)."""
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+from msda_mm.engine import keep_fp32
+
+
+class Net(nn.Module):
+    """A trunk, and a head whose parts are called directly (as DINO calls
+    bbox_head.cls_branches[i]) and through the head's own forward."""
+
+    def __init__(self):
+        super().__init__()
+        self.trunk = nn.Linear(8, 8)
+        self.head = Head()
+
+    def forward(self, x):
+        h = self.trunk(x)
+        return h, self.head.branches[0](h), self.head(h, extra={"skip": [h]})
+
+
+class Head(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.branches = nn.ModuleList([nn.Linear(8, 3), nn.Sequential(nn.Linear(8, 8), nn.ReLU(),
+                                                                      nn.Linear(8, 2))])
+
+    def forward(self, h, extra):
+        # The nested argument must arrive in fp32 too: a bf16 tensor added to
+        # an fp32 result would otherwise stay unnoticed.
+        assert extra["skip"][0].dtype == h.dtype
+        return self.branches[1](h) + extra["skip"][0][:, :2]
+
+
+def _bf16_autocast():
+    return torch.autocast("cpu", dtype=torch.bfloat16)
+
+
+def _dtypes(outputs):
+    return [o.dtype for o in outputs]
+
+
+def test_kept_modules_run_in_fp32_and_the_rest_in_bf16():
+    torch.manual_seed(0)
+    net, x = Net(), torch.randn(4, 8)
+    with _bf16_autocast():
+        assert _dtypes(net(x)) == [torch.bfloat16] * 3
+    keep_fp32(net, ["head"])
+    with _bf16_autocast():
+        trunk, direct, through_forward = net(x)
+        assert torch.is_autocast_enabled("cpu")  # the hooks gave it back
+    assert _dtypes([trunk, direct, through_forward]) == [torch.bfloat16, torch.float32,
+                                                        torch.float32]
+    # The head computed in fp32 on the (bf16) trunk output: the fp32 result of
+    # the same input, not a bf16 one cast up.
+    want = net.head.branches[0](trunk.float())
+    assert torch.equal(direct, want)
+
+
+def test_without_autocast_the_hooks_change_nothing():
+    torch.manual_seed(0)
+    net, x = Net(), torch.randn(4, 8)
+    before = net(x)
+    keep_fp32(net, ["head"])
+    after = net(x)
+    assert all(torch.equal(a, b) for a, b in zip(before, after))
+    # fp64 stays fp64: only autocast's work is undone.
+    assert _dtypes(net.double()(x.double())) == [torch.float64] * 3
+
+
+def test_deep_copies_keep_the_behaviour_and_removing_the_handles_undoes_it():
+    net, x = Net(), torch.randn(4, 8)
+    handles = keep_fp32(net, ["head"])
+    clone = copy.deepcopy(net)  # as an EMA hook copies a model
+    with _bf16_autocast():
+        assert _dtypes(clone(x)) == [torch.bfloat16, torch.float32, torch.float32]
+    for handle in handles:
+        handle.remove()
+    with _bf16_autocast():
+        assert _dtypes(net(x)) == [torch.bfloat16] * 3
+
+
+def test_an_exception_inside_a_kept_module_gives_autocast_back():
+    net = Net()
+    keep_fp32(net, ["head"])
+    with _bf16_autocast():
+        with pytest.raises(RuntimeError):
+            net.head.branches[0](torch.randn(4, 5))  # wrong width
+        assert torch.is_autocast_enabled("cpu")
+        assert net.trunk(torch.randn(4, 8)).dtype == torch.bfloat16
+
+
+def test_overlapping_names_hook_each_module_once():
+    net = Net()
+    handles = keep_fp32(net, ["head", "head.branches.1"])
+    modules_under_head = len(list(net.head.modules()))
+    assert len(handles) == 2 * modules_under_head
+
+
+def test_bad_names_are_refused():
+    with pytest.raises(ValueError, match=r"Net has no submodule 'heads' \(its children: "
+                                         r"\['head', 'trunk'\]\)"):
+        keep_fp32(Net(), ["heads"])
+    with pytest.raises(TypeError, match="list of submodule paths, got the string 'head'"):
+        keep_fp32(Net(), "head")
