@@ -73,6 +73,7 @@ def test_without_fp32_modules_it_is_amp_optim_wrapper(reference_backend, quiet_m
                                                       cuda_check_passes):
     torch.manual_seed(0)
     model = build_detector(small_dino_cfg())
+    model.init_weights()  # DINO's level_embed is uninitialised memory until then
     model.train()
     seen = _output_dtypes(model)
     _step(model, _wrapper(model))
