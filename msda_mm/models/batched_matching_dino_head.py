@@ -20,15 +20,22 @@ numbers, so scipy returns the same matches, ties included.  The denoising
 targets (not matched: each GT's noised copies, group by group) are built
 for the whole batch at once too, without a wait (mmdet's wait twice per
 image and decoder layer: 96 a step for DINO at batch 8, measured on the
-H200, benchmarks/e2e/fast_host/coco_b8_bf16_fast_s6.md), and are mmdet's
-bit for bit as well.
+H200, benchmarks/e2e/fast_host/coco_b8_bf16_fast_s6.md; gone in
+coco_b8_bf16_fast_s7: 406 -> 310 waits a step), and are mmdet's bit for
+bit as well.  The losses of both parts are mmdet's computation on the same
+numbers, with the loss normalisers built on the host and the per-image
+size factors in one non-blocking copy: 4 + B waits fewer per output (B
+images), where mmdet waits once per image for its factor (104 a step at
+batch 8, the largest frames left in coco_b8_bf16_fast_s7) and twice for
+each of the two normalisers.
 """
 from __future__ import annotations
 
-from typing import Dict, List, Sequence
+from typing import Dict, List, Sequence, Tuple
 
 import numpy as np
 import torch
+import torch.distributed as dist
 from mmengine.structures import InstanceData
 from scipy.optimize import linear_sum_assignment
 from torch import Tensor
@@ -37,12 +44,13 @@ from .. import compat  # noqa: F401  (first: on mmcv-lite, mmdet.models imports 
 
 # isort: split
 from mmdet.models.dense_heads import DINOHead
+from mmdet.models.losses import QualityFocalLoss
 from mmdet.models.task_modules.assigners import HungarianAssigner
 from mmdet.models.task_modules.assigners.match_cost import (BBoxL1Cost, ClassificationCost,
                                                             FocalLossCost, IoUCost)
 from mmdet.registry import MODELS
 from mmdet.structures.bbox import bbox_cxcywh_to_xyxy, bbox_xyxy_to_cxcywh
-from mmdet.utils import InstanceList
+from mmdet.utils import InstanceList, reduce_mean
 
 
 # Match costs whose entry for a (query, GT) pair is computed from that pair's
@@ -62,6 +70,17 @@ def _to_device(host: Tensor, device: torch.device) -> Tensor:
     return host.to(device)
 
 
+def _normaliser(value: float, dtype: torch.dtype, device: torch.device) -> Tensor:
+    """``reduce_mean`` of ``value`` as a (1,) tensor in ``dtype``, as DETRHead
+    normalises its losses.  Where there is nothing to reduce (no process
+    group), the tensor is built on the host: reading it or comparing it with
+    a number then does not wait for the device (mmdet's device tensor waits
+    twice: its copy from pageable memory and the read)."""
+    distributed = dist.is_available() and dist.is_initialized()
+    return reduce_mean(torch.tensor([value], dtype=dtype,
+                                    device=device if distributed else "cpu"))
+
+
 def _image_factors(batch_img_metas: List[dict], dtype: torch.dtype,
                    device: torch.device) -> Tensor:
     """(B, 4) = (w, h, w, h) of each image, in ``dtype`` (exact for image
@@ -75,10 +94,14 @@ def _image_factors(batch_img_metas: List[dict], dtype: torch.dtype,
 class BatchedMatchingDINOHead(DINOHead):
     """``DINOHead`` whose ``get_targets`` (the Hungarian-matched part: decoder
     layers and encoder proposals) waits on the device 3 times per call
-    instead of 5 or more times per image.  Same arguments, targets and losses as
-    ``DINOHead``; ``train_cfg.assigner`` must be a plain ``HungarianAssigner``
-    whose ``match_costs`` are FocalLossCost, ClassificationCost, BBoxL1Cost
-    and IoUCost (DETR's and DINO's), used as configured."""
+    instead of 5 or more times per image, whose ``get_dn_targets`` does not
+    wait, and whose losses wait 4 + B times fewer per output.  Same
+    arguments, targets and losses as ``DINOHead``; ``train_cfg.assigner``
+    must be a plain ``HungarianAssigner`` whose ``match_costs`` are
+    FocalLossCost, ClassificationCost, BBoxL1Cost and IoUCost (DETR's and
+    DINO's), used as configured.  With ``QualityFocalLoss`` the losses are
+    mmdet's own code; under a process group the normalisers are averaged
+    over the processes on the device, as in mmdet (their waits stay)."""
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -170,6 +193,75 @@ class BatchedMatchingDINOHead(DINOHead):
             rows, cols = linear_sum_assignment(flat.reshape(num_queries[i], num_gts[i]))
             matches.append(np.stack([q0[i] + rows, g0[i] + cols, np.full_like(rows, i)]))
         return np.concatenate(matches, axis=1).astype(np.int64)
+
+    def loss_by_feat_single(self, cls_scores: Tensor, bbox_preds: Tensor,
+                            batch_gt_instances: InstanceList,
+                            batch_img_metas: List[dict]) -> Tuple[Tensor, Tensor, Tensor]:
+        """``DETRHead.loss_by_feat_single``: the losses of one matched output,
+        cls_scores (B, Q, cls_out_channels) and bbox_preds (B, Q, 4)."""
+        if isinstance(self.loss_cls, QualityFocalLoss):  # its scores need mmdet's own code
+            return super().loss_by_feat_single(cls_scores, bbox_preds, batch_gt_instances,
+                                               batch_img_metas)
+        targets = self.get_targets(list(cls_scores.unbind()), list(bbox_preds.unbind()),
+                                   batch_gt_instances, batch_img_metas)
+        return self._losses(cls_scores, bbox_preds, targets, batch_img_metas)
+
+    def _loss_dn_single(self, dn_cls_scores: Tensor, dn_bbox_preds: Tensor,
+                        batch_gt_instances: InstanceList, batch_img_metas: List[dict],
+                        dn_meta: Dict[str, int]) -> Tuple[Tensor, Tensor, Tensor]:
+        """``DINOHead._loss_dn_single``: the losses of the denoising queries of
+        one output, dn_cls_scores (B, D, cls_out_channels) and dn_bbox_preds
+        (B, D, 4)."""
+        if isinstance(self.loss_cls, QualityFocalLoss):
+            return super()._loss_dn_single(dn_cls_scores, dn_bbox_preds, batch_gt_instances,
+                                           batch_img_metas, dn_meta)
+        targets = self.get_dn_targets(batch_gt_instances, batch_img_metas, dn_meta)
+        return self._losses(dn_cls_scores, dn_bbox_preds, targets, batch_img_metas)
+
+    def _losses(self, cls_scores: Tensor, bbox_preds: Tensor, targets: tuple,
+                batch_img_metas: List[dict]) -> Tuple[Tensor, Tensor, Tensor]:
+        """(loss_cls, loss_bbox, loss_iou) of (B, Q, ...) outputs and their
+        targets (get_targets' or get_dn_targets' tuple), computed as mmdet's
+        loss_by_feat_single and _loss_dn_single compute them, on the same
+        numbers in the same dtypes, except where they wait on the device: the
+        normalisers come from the host (``_normaliser``) and the per-image
+        (w, h, w, h) factors in one non-blocking copy instead of one blocking
+        copy per image; 2 + 2 + B waits fewer per call (B images)."""
+        (labels_list, label_weights_list, bbox_targets_list, bbox_weights_list,
+         num_total_pos, num_total_neg) = targets
+        labels = torch.cat(labels_list, 0)
+        label_weights = torch.cat(label_weights_list, 0)
+        bbox_targets = torch.cat(bbox_targets_list, 0)
+        bbox_weights = torch.cat(bbox_weights_list, 0)
+        num_imgs, num_queries = bbox_preds.shape[:2]
+
+        # Weighted as in the official DETR repo.
+        cls_avg_factor = num_total_pos * 1.0 + num_total_neg * self.bg_cls_weight
+        if self.sync_cls_avg_factor:
+            cls_avg_factor = _normaliser(cls_avg_factor, cls_scores.dtype, cls_scores.device)
+        cls_avg_factor = max(cls_avg_factor, 1)
+        if isinstance(cls_avg_factor, Tensor) and cls_avg_factor.device != cls_scores.device:
+            cls_avg_factor = _to_device(cls_avg_factor, cls_scores.device)
+        cls_scores = cls_scores.reshape(-1, self.cls_out_channels)
+        if len(cls_scores) > 0:
+            loss_cls = self.loss_cls(cls_scores, labels, label_weights, avg_factor=cls_avg_factor)
+        else:  # no denoising query (no GT in the batch)
+            loss_cls = torch.zeros(1, dtype=cls_scores.dtype, device=cls_scores.device)
+        # The mean GT count over the processes, in the loss's dtype.
+        num_total_pos = torch.clamp(_normaliser(num_total_pos, loss_cls.dtype, loss_cls.device),
+                                    min=1).item()
+
+        # The boxes are regressed normalised by the image size; the IoU loss
+        # compares them in pixels (factors in the predictions' dtype).
+        factors = _image_factors(batch_img_metas, bbox_preds.dtype, bbox_preds.device)
+        factors = factors[:, None].expand(num_imgs, num_queries, 4).reshape(-1, 4)
+        bbox_preds = bbox_preds.reshape(-1, 4)
+        bboxes = bbox_cxcywh_to_xyxy(bbox_preds) * factors
+        bboxes_gt = bbox_cxcywh_to_xyxy(bbox_targets) * factors
+        loss_iou = self.loss_iou(bboxes, bboxes_gt, bbox_weights, avg_factor=num_total_pos)
+        loss_bbox = self.loss_bbox(bbox_preds, bbox_targets, bbox_weights,
+                                   avg_factor=num_total_pos)
+        return loss_cls, loss_bbox, loss_iou
 
     def get_dn_targets(self, batch_gt_instances: InstanceList, batch_img_metas: List[dict],
                        dn_meta: Dict[str, int]) -> tuple:

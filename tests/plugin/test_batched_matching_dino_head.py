@@ -196,6 +196,82 @@ def test_bad_input_is_refused():
                               train_cfg=dict(assigner=assigner)))
 
 
+def assert_same_losses(ours, theirs):
+    for name, x, y in zip(("loss_cls", "loss_bbox", "loss_iou"), ours, theirs):
+        assert x.dtype == y.dtype and x.shape == y.shape and torch.equal(x, y), name
+
+
+def stacked(inputs):
+    """random_output's per-image predictions as (B, Q, ...) tensors, the
+    scores of the focal-loss heads (no background logit)."""
+    scores, boxes, gts, metas = inputs
+    return torch.stack(scores)[..., :NUM_CLASSES], torch.stack(boxes), gts, metas
+
+
+def with_targets(head, name, targets, monkeypatch):
+    """``head`` with its target method ``name`` answering ``targets``."""
+    monkeypatch.setattr(head, name, lambda *args: targets)
+    return head
+
+
+@pytest.mark.parametrize("sync_cls_avg_factor", [True, False])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_matched_losses_are_mmdets_with_fewer_host_waits(case, dtype, sync_cls_avg_factor,
+                                                         monkeypatch):
+    mmdet_head, head = build_heads("focal")
+    mmdet_head.sync_cls_avg_factor = head.sync_cls_avg_factor = sync_cls_avg_factor
+    inputs = stacked(as_dtype(random_output(**CASES[case]), dtype))
+    assert_same_losses(head.loss_by_feat_single(*inputs), mmdet_head.loss_by_feat_single(*inputs))
+    # The losses alone, from the same targets: mmdet copies a Python number
+    # to the device for each image's factor, for the GT count and, if
+    # synchronised, for the classification normaliser (on CUDA each waits,
+    # and so does each normaliser's read: tests the GPU test below).
+    targets = head.get_targets(list(inputs[0]), list(inputs[1]), *inputs[2:])
+    waits = [count_host_waits(lambda h=h: with_targets(h, "get_targets", targets, monkeypatch)
+                              .loss_by_feat_single(*inputs), monkeypatch)
+             for h in (mmdet_head, head)]
+    assert waits[0] - waits[1] == len(inputs[2]) + 1 + sync_cls_avg_factor, waits
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("num_gts, groups", [([3, 0, 2, 1], 5), ([0, 0], 3),
+                                             # 301 positives: not a bfloat16 number
+                                             ([3, 4], 43)])
+def test_dn_losses_are_mmdets_with_fewer_host_waits(num_gts, groups, dtype, monkeypatch):
+    mmdet_head, head = build_heads("focal")
+    _, _, gts, metas = random_output(num_gts)
+    meta = dn_meta(num_gts, groups)
+    gen = torch.Generator().manual_seed(0)
+    num_dn = meta["num_denoising_queries"]
+    scores = torch.randn(len(gts), num_dn, NUM_CLASSES, generator=gen).to(dtype)
+    boxes = (torch.rand(len(gts), num_dn, 4, generator=gen) * 0.5 + 0.1).to(dtype)
+    inputs = (scores, boxes, gts, metas, meta)
+    assert_same_losses(head._loss_dn_single(*inputs), mmdet_head._loss_dn_single(*inputs))
+    targets = head.get_dn_targets(gts, metas, meta)
+    waits = [count_host_waits(lambda h=h: with_targets(h, "get_dn_targets", targets, monkeypatch)
+                              ._loss_dn_single(*inputs), monkeypatch)
+             for h in (mmdet_head, head)]
+    assert waits[0] - waits[1] == len(gts) + 2, waits
+
+
+def test_quality_focal_loss_goes_through_mmdets_losses():
+    qfl = dict(type="QualityFocalLoss", use_sigmoid=True, beta=2.0, loss_weight=1.0)
+    dino = detr_model_cfg("dino-4scale")
+    head_cfg = dict(dino.bbox_head, num_classes=NUM_CLASSES, loss_cls=qfl,
+                    train_cfg=copy.deepcopy(dino.train_cfg))
+    with DefaultScope.overwrite_default_scope("mmdet"):
+        mmdet_head, head = (MODELS.build(dict(head_cfg, type=t))
+                            for t in ("DINOHead", "BatchedMatchingDINOHead"))
+    inputs = stacked(random_output([3, 0, 2, 1]))
+    assert_same_losses(head.loss_by_feat_single(*inputs), mmdet_head.loss_by_feat_single(*inputs))
+    meta = dn_meta([3, 0, 2, 1])
+    dn = (torch.randn(4, meta["num_denoising_queries"], NUM_CLASSES),
+          torch.rand(4, meta["num_denoising_queries"], 4) * 0.5 + 0.1)
+    assert_same_losses(head._loss_dn_single(*dn, *inputs[2:], meta),
+                       mmdet_head._loss_dn_single(*dn, *inputs[2:], meta))
+
+
 def tiny_dino(head_type: str):
     model = Config.fromfile(str(CONFIGS / "synthetic" / "dino_tiny_cpu.py")).model
     model.bbox_head.type = head_type
@@ -284,3 +360,37 @@ def test_dn_targets_and_waits_on_cuda():
             h.get_dn_targets(gts, metas, meta)
         waits.append(sum(e.name == "cudaStreamSynchronize" for e in prof.events()))
     assert waits[0] == 0 < len(gts) <= waits[1], waits
+
+
+@pytest.mark.gpu
+def test_losses_wait_less_on_cuda(monkeypatch):
+    # From the same targets, mmdet's loss_by_feat_single waits (as the CUDA
+    # runtime records it) at least 4 + B times more: each image's factor
+    # copy, the normalisers' copies and their reads.
+    mmdet_head, head = build_heads("focal")
+    inputs = stacked(_cuda(random_output(**CASES["mixed"])))
+    assert_same_losses(head.loss_by_feat_single(*inputs), mmdet_head.loss_by_feat_single(*inputs))
+    targets = head.get_targets(list(inputs[0]), list(inputs[1]), *inputs[2:])
+    waits = []
+    for h in (head, mmdet_head):
+        with_targets(h, "get_targets", targets, monkeypatch)
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            h.loss_by_feat_single(*inputs)
+        waits.append(sum(e.name == "cudaStreamSynchronize" for e in prof.events()))
+    assert waits[1] - waits[0] >= 4 + len(inputs[2]), waits
+
+
+def test_losses_under_a_process_group_are_mmdets(tmp_path):
+    # With a process group the normalisers are averaged over the processes
+    # on the device, as mmdet averages them (one process, gloo, here).
+    import torch.distributed as dist
+
+    mmdet_head, head = build_heads("focal")
+    inputs = stacked(random_output(**CASES["mixed"]))
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/group", rank=0, world_size=1)
+    try:
+        assert_same_losses(head.loss_by_feat_single(*inputs),
+                           mmdet_head.loss_by_feat_single(*inputs))
+    finally:
+        dist.destroy_process_group()
