@@ -90,6 +90,17 @@ def test_amp_without_cuda_stops_before_building(profile_tool, tmp_path):
         profile_tool["main"]([CONFIG, "--amp", "bf16", "--out", str(tmp_path)])
 
 
+@pytest.mark.parametrize("wrapper, label", [
+    (dict(type="OptimWrapper"), "fp32"),
+    (dict(type="AmpOptimWrapper", dtype="bfloat16"), "AMP bfloat16"),
+    (dict(type="AmpOptimWrapper"), "AMP float16"),
+    (dict(type="SelectiveAmpOptimWrapper", dtype="bfloat16", fp32_modules=["bbox_head", "neck"]),
+     "AMP bfloat16, fp32 bbox_head, neck"),
+])
+def test_the_report_names_the_precision(profile_tool, wrapper, label):
+    assert profile_tool["precision"](SimpleNamespace(optim_wrapper=wrapper)) == label
+
+
 def _event(name, start, end, device=DeviceType.CPU, self_us=0.0, thread=1):
     return SimpleNamespace(name=name, time_range=Interval(start, end), device_type=device,
                            is_async=False, self_cpu_time_total=self_us, thread=thread)

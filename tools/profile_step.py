@@ -100,7 +100,9 @@ def apply_args(cfg, args: argparse.Namespace) -> None:
 def precision(cfg) -> str:
     wrapper = cfg.optim_wrapper
     if uses_amp(wrapper):
-        return f"AMP {wrapper.get('dtype') or 'float16'}"
+        kept = wrapper.get("fp32_modules")
+        return f"AMP {wrapper.get('dtype') or 'float16'}" + (
+            f", fp32 {', '.join(kept)}" if kept else "")
     return "fp32"
 
 
