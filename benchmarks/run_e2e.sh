@@ -122,12 +122,18 @@ FP32_COMPUTE=(model.encoder.layer_cfg.self_attn_cfg.fp32_compute=True
 # bf16 AMP with these submodules of DINO (and all under them) in fp32
 # (SelectiveAmpOptimWrapper), by variant: the detection head's branches
 # (the encoder's class scores that pick the queries, the matching's logits,
-# the box deltas); those and the encoder output's projection to proposals
-# (everything that turns features into boxes and scores); the backbone; the
-# encoder; and the whole transformer.
+# the box deltas); its class branches alone, or its box branches alone; the
+# head and the encoder output's projection to proposals (everything that
+# turns features into boxes and scores); the head, backbone and neck (the
+# transformer alone in bf16); the backbone; the encoder; and the whole
+# transformer.  Session 7 ran all but bf16_fp32cls, bf16_fp32reg and
+# bf16_fp32cnnhead (benchmarks/e2e/amp_bisect).
 declare -A KEEP_FP32=(
     [bf16_fp32head]=bbox_head
+    [bf16_fp32cls]=bbox_head.cls_branches
+    [bf16_fp32reg]=bbox_head.reg_branches
     [bf16_fp32boxes]=bbox_head,memory_trans_fc,memory_trans_norm
+    [bf16_fp32cnnhead]=backbone,neck,bbox_head
     [bf16_fp32backbone]=backbone
     [bf16_fp32encoder]=encoder
     [bf16_fp32transformer]=encoder,decoder,bbox_head,memory_trans_fc,memory_trans_norm)

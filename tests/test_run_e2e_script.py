@@ -144,3 +144,23 @@ def test_ddp_part_needs_two_gpus(tmp_path):
     assert run.returncode == 2
     assert "needs 2 GPUs, found 1" in run.stderr
     assert not (tmp_path / "ddp.log").exists()
+
+
+def test_every_keep_fp32_variant_names_submodules_of_dino():
+    # The amp part's variants are module paths handed to keep_fp32 on a GPU:
+    # a typo would only show there, after the machine's start.
+    from mmengine.config import Config
+
+    from msda_mm.engine import keep_fp32
+    from plugin.detr_configs import build_detector
+
+    table = subprocess.run(
+        ["bash", "-c", f'eval "$(sed -n "/^declare -A KEEP_FP32/,/)$/p" {SCRIPT})"; '
+                       'for v in "${!KEEP_FP32[@]}"; do echo "$v=${KEEP_FP32[$v]}"; done'],
+        capture_output=True, text=True, check=True).stdout.split()
+    variants = dict(line.split("=", 1) for line in table)
+    assert {"bf16_fp32head", "bf16_fp32transformer", "bf16_fp32cnnhead"} <= set(variants)
+    model = build_detector(Config.fromfile(str(ROOT / "configs/synthetic/dino_tiny_cpu.py")).model)
+    for variant, paths in variants.items():
+        for handle in keep_fp32(model, paths.split(",")):
+            handle.remove()
