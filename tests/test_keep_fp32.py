@@ -68,7 +68,6 @@ def test_without_autocast_the_hooks_change_nothing():
     keep_fp32(net, ["head"])
     after = net(x)
     assert all(torch.equal(a, b) for a, b in zip(before, after))
-    # fp64 stays fp64: only autocast's work is undone.
     assert _dtypes(net.double()(x.double())) == [torch.float64] * 3
 
 
@@ -92,6 +91,50 @@ def test_an_exception_inside_a_kept_module_gives_autocast_back():
             net.head.branches[0](torch.randn(4, 5))  # wrong width
         assert torch.is_autocast_enabled("cpu")
         assert net.trunk(torch.randn(4, 8)).dtype == torch.bfloat16
+
+
+def test_fp64_arguments_stay_fp64():
+    # Autocast leaves fp64 alone; so do the hooks.
+    class Identity(nn.Module):
+        def forward(self, x):
+            return x
+
+    module = Identity()
+    keep_fp32(module, [""])
+    with _bf16_autocast():
+        assert module(torch.zeros(2, dtype=torch.float64)).dtype == torch.float64
+        assert module(torch.zeros(2, dtype=torch.bfloat16)).dtype == torch.float32
+
+
+class Recursive(nn.Module):
+    """Calls itself once; the inner call is refused by a pre-hook of the
+    model's own (registered before keep_fp32's), and the outer call goes on."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x, depth=0):
+        if depth == 0:
+            with pytest.raises(RuntimeError, match="refused"):
+                self(x, depth=1)
+        # Not through self.lin, whose own hooks would turn autocast off again.
+        return nn.functional.linear(x, self.lin.weight, self.lin.bias)
+
+
+def test_a_refused_inner_call_leaves_the_outer_call_in_fp32():
+    module = Recursive()
+
+    def refuse_inner(mod, args, kwargs):
+        if kwargs.get("depth"):
+            raise RuntimeError("refused")
+
+    module.register_forward_pre_hook(refuse_inner, with_kwargs=True)
+    keep_fp32(module, [""])
+    with _bf16_autocast():
+        assert module(torch.randn(2, 4)).dtype == torch.float32
+        assert torch.is_autocast_enabled("cpu")
+        assert module.lin(torch.randn(2, 4)).dtype == torch.float32  # still kept
 
 
 def test_overlapping_names_hook_each_module_once():

@@ -11,6 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from mmengine.config import Config
 from torch.autograd import DeviceType
 from torch.autograd.profiler_util import Interval
 
@@ -99,6 +100,23 @@ def test_amp_without_cuda_stops_before_building(profile_tool, tmp_path):
 ])
 def test_the_report_names_the_precision(profile_tool, wrapper, label):
     assert profile_tool["precision"](SimpleNamespace(optim_wrapper=wrapper)) == label
+
+
+@pytest.mark.parametrize("amp, wrapper", [
+    ("fp16", dict(type="SelectiveAmpOptimWrapper", dtype="float16", loss_scale="dynamic",
+                  fp32_modules=["bbox_head"])),
+    ("none", dict(type="OptimWrapper")),
+])
+def test_amp_flag_keeps_a_configs_own_amp_wrapper(profile_tool, amp, wrapper):
+    cfg = Config(dict(optim_wrapper=dict(type="SelectiveAmpOptimWrapper", dtype="bfloat16",
+                                         fp32_modules=["bbox_head"])))
+    args = SimpleNamespace(batch_size=None, image_size=None, amp=amp, config="config.py")
+    if amp != "none" and not torch.cuda.is_available():
+        with pytest.raises(SystemExit, match="needs a CUDA GPU"):  # after the update
+            profile_tool["apply_args"](cfg, args)
+    else:
+        profile_tool["apply_args"](cfg, args)
+    assert cfg.optim_wrapper.to_dict() == wrapper
 
 
 def _event(name, start, end, device=DeviceType.CPU, self_us=0.0, thread=1):

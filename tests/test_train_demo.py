@@ -116,3 +116,19 @@ def test_uses_amp_knows_the_autocasting_wrappers(train_tool, wrapper, amp):
     import common  # tools/common.py, importable through the fixture's path
 
     assert common.uses_amp({"type": wrapper}) is amp
+
+
+def test_amp_flag_leaves_a_config_that_autocasts_already(train_tool):
+    # As mmdet's tool: --amp on an AMP config (here with fp32 modules) keeps
+    # its wrapper, which plain AmpOptimWrapper would refuse to build.
+    args = train_tool.parse_args([
+        str(ROOT / "configs/dino_bf16.py"), "--amp", "--cfg-options",
+        "optim_wrapper.type=SelectiveAmpOptimWrapper", "optim_wrapper.fp32_modules=[bbox_head]"])
+    cfg = train_tool.load_config(args)
+    train_tool.apply_train_args(cfg, args)
+    assert (cfg.optim_wrapper.type, cfg.optim_wrapper.dtype) == ("SelectiveAmpOptimWrapper",
+                                                                 "bfloat16")
+    args = train_tool.parse_args([str(ROOT / "configs/dino_fp32.py"), "--amp"])
+    cfg = train_tool.load_config(args)
+    train_tool.apply_train_args(cfg, args)
+    assert (cfg.optim_wrapper.type, cfg.optim_wrapper.loss_scale) == ("AmpOptimWrapper", "dynamic")

@@ -93,7 +93,12 @@ def apply_args(cfg, args: argparse.Namespace) -> None:
     if args.image_size is not None:
         cfg.train_dataloader.dataset = synthetic_dataset(*args.image_size)
     if args.amp is not None:
-        cfg.optim_wrapper.update(AMP[args.amp])
+        amp = dict(AMP[args.amp])
+        # A config's own AMP wrapper (a SelectiveAmpOptimWrapper's
+        # fp32_modules) stays; only its dtype and loss scale change.
+        if amp["type"] != "OptimWrapper" and uses_amp(cfg.optim_wrapper):
+            del amp["type"]
+        cfg.optim_wrapper.update(amp)
     check_precision(cfg, args.config)
 
 

@@ -30,7 +30,9 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def apply_train_args(cfg, args: argparse.Namespace) -> None:
-    if args.amp:
+    # As mmdet's tool: a config that autocasts already (AmpOptimWrapper or a
+    # subclass, e.g. SelectiveAmpOptimWrapper) is left as it is.
+    if args.amp and not uses_amp(cfg.optim_wrapper):
         cfg.optim_wrapper.type = "AmpOptimWrapper"
         cfg.optim_wrapper.loss_scale = "dynamic"
     if args.auto_scale_lr:
@@ -55,7 +57,8 @@ def check_precision(cfg, config_path: str) -> None:
     elif uses_amp(wrapper) and not torch.cuda.is_available():
         dtype = wrapper.get("dtype") or "float16"
         raise SystemExit(
-            f"{config_path} trains with {wrapper['type']} ({dtype} mixed precision), which needs "
+            f"{config_path} trains with {getattr(wrapper['type'], '__name__', wrapper['type'])} "
+            f"({dtype} mixed precision), which needs "
             f"a CUDA GPU, and none is available.\nWithout a GPU, either train the CPU demo:\n"
             f"  python tools/train.py configs/synthetic/dino_tiny_cpu.py\n"
             f"or run this config in fp32 (slow on CPU):\n"

@@ -1,15 +1,17 @@
 """Run chosen submodules of a model in fp32 while the rest runs under autocast.
 
-``keep_fp32(model, ["bbox_head"])`` adds a forward pre-hook and an
-(always-called) forward hook to every module at or under each named
-submodule.  When such a module is called with autocast on (and no enclosing
-fp32 module has already turned it off), the pre-hook casts the floating
-tensors among its arguments (nested in lists, tuples and dicts too) to fp32
-and turns autocast off for the devices where it was on; the forward hook
-turns it back on.  With autocast off (fp32 training, evaluation) the hooks
-do nothing.  Parameters, buffers and state_dict keys are untouched, and the
-hooks survive ``copy.deepcopy`` (EMA copies) since they hold no reference
-to a module.
+``keep_fp32(model, ["bbox_head"])`` adds a forward pre-hook (ahead of any
+other) and an always-called forward hook to every module at or under each
+named submodule.  When such a module is called with autocast on (and no
+enclosing fp32 module has already turned it off), the pre-hook casts the
+fp16 and bf16 tensors among its arguments (nested in lists, tuples and
+dicts too) to fp32 and turns autocast off for the devices where it was on;
+the forward hook turns it back on, also when the forward raises.  With
+autocast off (fp32 training, evaluation) the hooks do nothing.  Parameters,
+buffers and state_dict keys are untouched, and the hooks survive
+``copy.deepcopy`` (EMA copies) since they hold no reference to a module.
+CUDA and CPU autocast only.  Under ``torch.compile`` each kept module is a
+graph break (Dynamo does not trace the hooks' autocast contexts).
 """
 from __future__ import annotations
 
@@ -24,8 +26,12 @@ from torch.utils.hooks import RemovableHandle
 _DEVICE_TYPES = ("cuda", "cpu")
 
 
+# What autocast casts down to; fp64 it leaves alone, and so do the hooks.
+_HALF_TYPES = (torch.float16, torch.bfloat16)
+
+
 def _to_fp32(x):
-    if isinstance(x, torch.Tensor) and x.is_floating_point() and x.dtype != torch.float32:
+    if isinstance(x, torch.Tensor) and x.dtype in _HALF_TYPES:
         return x.float()
     return x
 
@@ -50,8 +56,11 @@ class _Fp32Region:
         return None
 
     def after(self, module, args, output):
-        for context in reversed(self._open.pop()):
-            context.__exit__(None, None, None)
+        # Empty only where the pre-hook did not run: a global pre-hook (which
+        # runs ahead of it) raised.
+        if self._open:
+            for context in reversed(self._open.pop()):
+                context.__exit__(None, None, None)
         return None
 
 
@@ -80,6 +89,9 @@ def keep_fp32(model: nn.Module, names: Iterable[str]) -> List[RemovableHandle]:
                 continue
             hooked.add(id(module))
             region = _Fp32Region()
-            handles.append(module.register_forward_pre_hook(region.before, with_kwargs=True))
+            # First among the module's pre-hooks: one that raised ahead of it
+            # would leave the forward hook's call unpaired.
+            handles.append(module.register_forward_pre_hook(region.before, with_kwargs=True,
+                                                            prepend=True))
             handles.append(module.register_forward_hook(region.after, always_call=True))
     return handles

@@ -5,6 +5,7 @@ from contextlib import contextmanager
 from typing import Sequence
 
 from mmdet.registry import OPTIM_WRAPPERS
+from mmengine.device import get_device
 from mmengine.model import is_model_wrapper
 from mmengine.optim import AmpOptimWrapper
 from torch import nn
@@ -44,6 +45,12 @@ class SelectiveAmpOptimWrapper(AmpOptimWrapper):
         if self._hooked is not module:
             if self._hooked is not None:
                 raise RuntimeError("SelectiveAmpOptimWrapper serves one model; it was given a second")
+            # mmengine's autocast also runs on NPU, MLU and MUSA, where the
+            # modules would silently stay in the low precision.
+            if self.fp32_modules and get_device() not in ("cuda", "cpu"):
+                raise NotImplementedError(
+                    f"SelectiveAmpOptimWrapper keeps modules in fp32 under CUDA and CPU "
+                    f"autocast; this runs on {get_device()}")
             keep_fp32(module, self.fp32_modules)
             self._hooked = module
         with super().optim_context(model):

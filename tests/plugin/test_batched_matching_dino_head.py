@@ -381,16 +381,24 @@ def test_losses_wait_less_on_cuda(monkeypatch):
     assert waits[1] - waits[0] >= 4 + len(inputs[2]), waits
 
 
-def test_losses_under_a_process_group_are_mmdets(tmp_path):
-    # With a process group the normalisers are averaged over the processes
-    # on the device, as mmdet averages them (one process, gloo, here).
+def test_losses_under_a_process_group_are_mmdets(tmp_path, monkeypatch):
+    # With a process group the normalisers are averaged over the processes,
+    # as mmdet averages them: the same all-reduces, the same losses (one
+    # process, gloo, here).
     import torch.distributed as dist
 
     mmdet_head, head = build_heads("focal")
     inputs = stacked(random_output(**CASES["mixed"]))
+    reduced = []
+    all_reduce = dist.all_reduce
+    monkeypatch.setattr(dist, "all_reduce",
+                        lambda tensor, *args, **kwargs: reduced.append(tensor.dtype)
+                        or all_reduce(tensor, *args, **kwargs))
     dist.init_process_group("gloo", init_method=f"file://{tmp_path}/group", rank=0, world_size=1)
     try:
-        assert_same_losses(head.loss_by_feat_single(*inputs),
-                           mmdet_head.loss_by_feat_single(*inputs))
+        ours = head.loss_by_feat_single(*inputs)
+        assert reduced == [torch.float32] * 2  # the class normaliser, the GT count
+        assert_same_losses(ours, mmdet_head.loss_by_feat_single(*inputs))
+        assert len(reduced) == 4
     finally:
         dist.destroy_process_group()

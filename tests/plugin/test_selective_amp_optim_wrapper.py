@@ -7,7 +7,7 @@ from mmdet.registry import OPTIM_WRAPPERS
 from mmdet.testing import demo_mm_inputs
 from mmengine.optim.optimizer import amp_optimizer_wrapper
 
-from msda_mm.engine import SelectiveAmpOptimWrapper
+from msda_mm.engine import SelectiveAmpOptimWrapper, selective_amp_optim_wrapper
 
 from .detr_configs import build_detector
 from .test_dino_train_step import small_dino_cfg
@@ -90,6 +90,24 @@ def test_one_wrapper_serves_one_model(cuda_check_passes):
     assert len(first._forward_pre_hooks) == 1
     with pytest.raises(RuntimeError, match="serves one model"):
         with wrapper.optim_context(second):
+            pass
+
+
+def test_a_wrapped_model_is_hooked_underneath(cuda_check_passes):
+    # mmengine's model wrappers (DDP; DataParallel here, on the CPU a plain
+    # container) hand optim_context themselves: the paths are the model's.
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2))
+    wrapper = _wrapper(model, fp32_modules=["1"])
+    with wrapper.optim_context(torch.nn.DataParallel(model)):
+        assert model[0](torch.randn(1, 2)).dtype == torch.bfloat16
+        assert model[1](torch.randn(1, 2)).dtype == torch.float32
+
+
+def test_other_autocast_devices_are_refused(cuda_check_passes, monkeypatch):
+    monkeypatch.setattr(selective_amp_optim_wrapper, "get_device", lambda: "npu")
+    model = torch.nn.Linear(2, 2)
+    with pytest.raises(NotImplementedError, match="CUDA and CPU autocast; this runs on npu"):
+        with _wrapper(model, fp32_modules=[""]).optim_context(model):
             pass
 
 
