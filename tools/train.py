@@ -19,7 +19,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("config", help="train config file")
     add_common_args(parser)
     parser.add_argument("--amp", action="store_true",
-                        help="mixed precision (fp16 autocast, dynamic loss scale)")
+                        help="mixed precision (fp16 autocast, dynamic loss scale); a config "
+                             "that autocasts already is left as it is")
     parser.add_argument("--auto-scale-lr", action="store_true",
                         help="scale the LR by the actual over the config's "
                              "auto_scale_lr.base_batch_size")

@@ -22,7 +22,8 @@ from torch import nn
 from torch.utils._pytree import tree_map
 from torch.utils.hooks import RemovableHandle
 
-# Where mmengine's AmpOptimWrapper can turn autocast on.
+# The autocast devices the hooks turn off (mmengine's autocast also runs on
+# NPU, MLU and MUSA, which SelectiveAmpOptimWrapper refuses).
 _DEVICE_TYPES = ("cuda", "cpu")
 
 
