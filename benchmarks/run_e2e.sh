@@ -19,10 +19,9 @@
 #          bf16_fp32compute: bf16 AMP with the op run on an fp32 copy of the
 #          value; bf16_noscale: bf16 AMP without the GradScaler; and the
 #          bf16_fp32* variants of KEEP_FP32 below: bf16 AMP with submodules
-#          kept in fp32) and seed of E2E_SEEDS (default
-#          "0 1"), all runs at once
-#          (round-robin over the GPUs; on one GPU they share it): AP against
-#          seed-to-seed noise.
+#          kept in fp32) and seed of E2E_SEEDS (default "0 1"), all runs at
+#          once (round-robin over the GPUs; on one GPU they share it): AP
+#          against seed-to-seed noise.
 # ap:      seeds' runs on session 5's schedule, the one that reached AP 85 in
 #          fp32 (benchmarks/e2e/ap_b16): 16 images a step with msda_mm's
 #          BatchedMatchingDINOHead and fused AdamW (the host cut: ~0.33 s a
@@ -35,11 +34,10 @@
 #          defaults to 560 here (fp32: ~500 s).
 # amp:     the first E2E_AMP_EPOCHS (default 3: 189 steps) epochs of the ap
 #          schedule, evaluated once at the end, no checkpoint or checks, for
-#          every variant
-#          of E2E_VARIANTS (default: bf16, fp32, bf16_noscale and the
-#          KEEP_FP32 ones)
-#          at once: which part of bf16 AMP makes its loss lag fp32's from
-#          the first steps (every bf16 run of ap_b16 did, in its first 50).
+#          every variant of E2E_VARIANTS (default: bf16, fp32, bf16_noscale
+#          and the KEEP_FP32 ones) at once: which part of bf16 AMP makes its
+#          loss lag fp32's from the first steps (every bf16 run of ap_b16
+#          did, in its first 50).
 # ddp:     (2 GPUs) the multi-GPU op test; the synthetic bf16 training through
 #          tools/dist_train.sh on 2 GPUs (2 x 4 images a step), then the same
 #          schedule on one GPU (8 images a step) once per GPU, seeds 0 and 1
