@@ -123,9 +123,11 @@ FP32_COMPUTE=(model.encoder.layer_cfg.self_attn_cfg.fp32_compute=True
 # the box deltas); its class branches alone, or its box branches alone; the
 # head and the encoder output's projection to proposals (everything that
 # turns features into boxes and scores); the head, backbone and neck (the
-# transformer alone in bf16); the backbone; the encoder; and the whole
-# transformer.  Session 7 ran all but bf16_fp32cls, bf16_fp32reg and
-# bf16_fp32cnnhead (benchmarks/e2e/amp_bisect).
+# transformer alone in bf16); the backbone; the encoder; the whole
+# transformer; and every submodule (bf16_fp32all: fp32 arithmetic under
+# AmpOptimWrapper and its GradScaler, the control that says whether a bf16
+# run's failure needs bf16 at all).  Session 7 ran all but bf16_fp32cls,
+# bf16_fp32reg, bf16_fp32cnnhead and bf16_fp32all (benchmarks/e2e/amp_bisect).
 declare -A KEEP_FP32=(
     [bf16_fp32head]=bbox_head
     [bf16_fp32cls]=bbox_head.cls_branches
@@ -134,7 +136,8 @@ declare -A KEEP_FP32=(
     [bf16_fp32cnnhead]=backbone,neck,bbox_head
     [bf16_fp32backbone]=backbone
     [bf16_fp32encoder]=encoder
-    [bf16_fp32transformer]=encoder,decoder,bbox_head,memory_trans_fc,memory_trans_norm)
+    [bf16_fp32transformer]=encoder,decoder,bbox_head,memory_trans_fc,memory_trans_norm
+    [bf16_fp32all]=backbone,neck,positional_encoding,encoder,decoder,query_embedding,memory_trans_fc,memory_trans_norm,bbox_head,dn_query_generator)
 
 if [[ -n ${CUDA_VISIBLE_DEVICES:-} ]]; then
     IFS=, read -ra GPUS <<< "$CUDA_VISIBLE_DEVICES"

@@ -159,8 +159,12 @@ def test_every_keep_fp32_variant_names_submodules_of_dino():
                        'for v in "${!KEEP_FP32[@]}"; do echo "$v=${KEEP_FP32[$v]}"; done'],
         capture_output=True, text=True, check=True).stdout.split()
     variants = dict(line.split("=", 1) for line in table)
-    assert {"bf16_fp32head", "bf16_fp32transformer", "bf16_fp32cnnhead"} <= set(variants)
+    assert {"bf16_fp32head", "bf16_fp32transformer", "bf16_fp32cnnhead", "bf16_fp32all"} <= set(variants)
     model = build_detector(Config.fromfile(str(ROOT / "configs/synthetic/dino_tiny_cpu.py")).model)
     for variant, paths in variants.items():
         for handle in keep_fp32(model, paths.split(",")):
             handle.remove()
+    # The control keeps every submodule in fp32: none may be left in bf16
+    # (the data preprocessor runs before mmengine enters autocast).
+    assert set(variants["bf16_fp32all"].split(",")) == {
+        name for name, _ in model.named_children() if name != "data_preprocessor"}
