@@ -1,11 +1,14 @@
-"""msda_mm.bench.gather: the gather-only kernel behind tools/gather_ceiling.py
-sums exactly the corner rows an MSDA forward reads (CPU: Triton interpreter)."""
+"""msda_mm.bench.gather / scatter: the gather-only and atomics-only kernels
+behind tools/gather_ceiling.py sum exactly the corner rows an MSDA forward
+reads and add into exactly the rows its backward adds into (CPU: Triton
+interpreter)."""
 import pytest
 import torch
 
 from msda_mm.bench.gather import corner_rows, gather_sum
 from msda_mm.bench.inputs import make_inputs
 from msda_mm.bench.presets import PRESETS
+from msda_mm.bench.scatter import scatter_add
 from msda_mm.ops import msda_reference
 
 
@@ -41,9 +44,29 @@ def test_gather_sum_matches_index_select(dtype, tile):
                                atol=1e-2 if dtype != torch.float32 else 1e-5)
 
 
+# The interpreter has no bf16 atomics; fp16 is the 16-bit case here.
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+@pytest.mark.parametrize("tile", [(1, 16, 1), (4, 8, 2)])
+def test_scatter_add_matches_index_add(dtype, tile):
+    g = torch.Generator().manual_seed(0)
+    grad = torch.randn(50, 32, generator=g).to(dtype)
+    rows = torch.randint(0, 50, (7, 32), generator=g, dtype=torch.int32)  # repeats: collisions
+    src = torch.randn(7, 32, generator=g).to(dtype)
+    want = grad.double().index_add(0, rows.long().flatten(), src.double().repeat_interleave(32, 0))
+    out = scatter_add(grad, rows, src, *tile)
+    assert out is grad
+    # fp16: each add rounds; a row gets ~4.5 adds of O(1) values (2**-10 relative each).
+    torch.testing.assert_close(out.double(), want, rtol=1e-5 if dtype == torch.float32 else 4e-3,
+                               atol=1e-5 if dtype == torch.float32 else 2e-2)
+
+
 def test_bad_shapes_are_refused():
     with pytest.raises(ValueError, match="D=24 must be a power of two"):
         gather_sum(torch.zeros(4, 24), torch.zeros(2, 16, dtype=torch.int32))
+    with pytest.raises(ValueError, match="D=24 must be a power of two"):
+        scatter_add(torch.zeros(4, 24), torch.zeros(2, 16, dtype=torch.int32), torch.zeros(2, 24))
+    with pytest.raises(ValueError, match=r"src \(3, 32\) must be \(N, D\) = \(2, 32\)"):
+        scatter_add(torch.zeros(4, 32), torch.zeros(2, 16, dtype=torch.int32), torch.zeros(3, 32))
 
 
 def _tool():
@@ -69,11 +92,18 @@ def test_without_cuda_the_tool_says_it_needs_a_gpu():
 
 
 @pytest.mark.gpu
-def test_tool_times_the_forward_and_the_gathers(tmp_path):
+def test_tool_times_the_forward_backward_gathers_and_atomics(tmp_path):
     assert _tool()["main"](["--presets", "decoder", "--dtypes", "bf16", "--tiles", "2x16x1",
-                            "--budget-ms", "20", "--out", str(tmp_path)]) == 0
+                            "--scatter-tiles", "1x16x1", "--budget-ms", "20",
+                            "--out", str(tmp_path)]) == 0
     (path,) = tmp_path.glob("*-gather-ceiling.json")
     import json
     cells = json.loads(path.read_text())["cells"]
-    assert [c["kernel"] for c in cells] == ["msda_mm forward", "gather 2x16x1"]
+    assert [c["kernel"] for c in cells] == [
+        "msda_mm forward", "gather 2x16x1", "msda_mm backward", "zero fill", "scatter 1x16x1",
+        "fill + scatter 1x16x1"]
     assert all(c["graph_us"] > 0 and c["gbps_kernel"] > 0 for c in cells)
+    # The fill moves grad_value (bf16, native atomics on the H200), not the rows.
+    p = PRESETS["decoder"]
+    assert cells[3]["moved_mb"] == pytest.approx(p.batch * p.num_values * p.heads * p.head_dim
+                                                 * 2 / 1e6)

@@ -1,12 +1,16 @@
-"""The gather ceiling of the MSDA forward on this GPU (msda_mm/bench/gather.py).
+"""The gather ceiling of the MSDA forward and the scatter ceiling of its
+backward on this GPU (msda_mm/bench/gather.py, msda_mm/bench/scatter.py).
 
     python tools/gather_ceiling.py [--presets encoder,decoder] [--dtypes bf16,fp32]
-        [--tiles 2x16x1,8x16x4] [--out benchmarks]
+        [--tiles 2x16x1,8x16x4] [--scatter-tiles 1x16x1] [--out benchmarks]
 
 For each preset and dtype: the forward of msda_mm and a kernel that only
-gathers and sums the same corner rows, each timed as the benchmark times
+gathers and sums the same corner rows; then msda_mm's backward, the zero
+fill of its grad_value, a kernel that only does the backward's atomic
+row-adds (into a buffer filled once), and the fill followed by those
+atomics (the backward's floor).  Each is timed as the benchmark times
 (CUDA-graph replay after an L2 flush, and CUPTI kernel time), with the
-gathered bytes per microsecond of each.  Writes
+gathered (or atomically added) bytes per microsecond.  Writes
 <out>/<device-slug>-gather-ceiling.json and prints a table.
 """
 from __future__ import annotations
@@ -27,6 +31,9 @@ from msda_mm.bench.inputs import make_inputs  # noqa: E402
 from msda_mm.bench.presets import PRESETS  # noqa: E402
 from msda_mm.bench.report import device_name, environment, slug, write_json  # noqa: E402
 from msda_mm.bench.run import DTYPES  # noqa: E402
+from msda_mm.bench.scatter import scatter_add  # noqa: E402
+from msda_mm.ops import launch  # noqa: E402
+from msda_mm.ops.msda import resolve_fp32_grad_accum  # noqa: E402
 from msda_mm.bench.timing import graph_times_us, kernel_times_us  # noqa: E402
 
 
@@ -48,6 +55,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--tiles", type=_tiles, default=[(2, 16, 1), (8, 16, 4), (16, 16, 4)],
                         help="gather kernel tiles BLOCK_QxBLOCK_RxWARPS (default "
                              "2x16x1,8x16x4,16x16x4)")
+    # The backward's own tiles: 1 query x 16 points (16-bit), 1 x 8 (fp32).
+    parser.add_argument("--scatter-tiles", type=_tiles, default=[(1, 16, 1), (1, 8, 1)],
+                        help="scatter kernel tiles BLOCK_QxBLOCK_RxWARPS (default "
+                             "1x16x1,1x8x1)")
     parser.add_argument("--budget-ms", type=float, default=200.0,
                         help="timing budget per measurement (default 200)")
     parser.add_argument("--out", type=Path, default=Path("benchmarks"))
@@ -59,6 +70,35 @@ def measure(fn, device: torch.device, budget_ms: float, nbytes: int) -> dict:
     kernel = kernel_times_us(fn, device)
     return dict(graph_us=cold, kernel_us=kernel, gbps_graph=nbytes / cold / 1e3,
                 gbps_kernel=nbytes / kernel / 1e3)
+
+
+def _backward_runs(inputs, rows: torch.Tensor, tiles, nbytes: int) -> dict:
+    """The backward's cells, as {name: (fn, bytes moved)}: msda_mm's backward
+    (grad_value accumulated as the op picks on this GPU), its zero fill
+    alone, and per scatter tile the atomics alone (into one buffer, filled
+    once) and fill + atomics.  nbytes: the atomically added row bytes."""
+    value = inputs.value
+    gen = torch.Generator(value.device).manual_seed(0)
+    grad_out = torch.randn(*inputs.attention_weights.shape[:2], value.shape[2] * value.shape[3],
+                           device=value.device, generator=gen).to(value.dtype)
+    fp32_accum = resolve_fp32_grad_accum(value, None)
+    accum_dtype = torch.float32 if fp32_accum else value.dtype
+    src = grad_out.view(rows.shape[0], value.shape[3])
+    filled = torch.zeros(value.shape, dtype=accum_dtype, device=value.device)
+
+    def fill():
+        return torch.zeros(value.shape, dtype=accum_dtype, device=value.device)
+
+    runs = {"msda_mm backward": (lambda: launch.msda_backward(
+                grad_out, value, inputs.spatial_shapes, inputs.level_start_index,
+                inputs.sampling_locations, inputs.attention_weights, fp32_accum), nbytes),
+            "zero fill": (fill, filled.numel() * filled.element_size())}
+    for bq, br, nw in tiles:
+        runs[f"scatter {bq}x{br}x{nw}"] = (
+            lambda bq=bq, br=br, nw=nw: scatter_add(filled, rows, src, bq, br, nw), nbytes)
+        runs[f"fill + scatter {bq}x{br}x{nw}"] = (
+            lambda bq=bq, br=br, nw=nw: scatter_add(fill(), rows, src, bq, br, nw), nbytes)
+    return runs
 
 
 def main(argv=None) -> int:
@@ -74,22 +114,25 @@ def main(argv=None) -> int:
             value = inputs.value
             rows = corner_rows(inputs)
             nbytes = PRESETS[name].gathered_bytes(value.element_size())
-            runs = {"msda_mm forward": lambda: multi_scale_deformable_attention(
+            runs = {"msda_mm forward": (lambda: multi_scale_deformable_attention(
                 value, inputs.spatial_shapes, inputs.level_start_index,
-                inputs.sampling_locations, inputs.attention_weights)}
+                inputs.sampling_locations, inputs.attention_weights), nbytes)}
             for bq, br, nw in args.tiles:
                 runs[f"gather {bq}x{br}x{nw}"] = (
-                    lambda bq=bq, br=br, nw=nw: gather_sum(value, rows, bq, br, nw))
-            for kernel, fn in runs.items():
-                cell = dict(preset=name, dtype=dname, kernel=kernel, gathered_mb=nbytes / 1e6,
-                            **measure(fn, device, args.budget_ms, nbytes))
+                    lambda bq=bq, br=br, nw=nw: gather_sum(value, rows, bq, br, nw), nbytes)
+            runs.update(_backward_runs(inputs, rows, args.scatter_tiles, nbytes))
+            for kernel, (fn, moved) in runs.items():
+                # moved_mb: the rows gathered or atomically added (the fill: grad_value).
+                cell = dict(preset=name, dtype=dname, kernel=kernel, moved_mb=moved / 1e6,
+                            **measure(fn, device, args.budget_ms, moved))
                 cells.append(cell)
-                print(f"{name:13s} {dname:5s} {kernel:22s} graph {cell['graph_us']:8.1f} us "
+                print(f"{name:13s} {dname:5s} {kernel:26s} graph {cell['graph_us']:8.1f} us "
                       f"({cell['gbps_graph']:6.0f} GB/s)  kernel {cell['kernel_us']:8.1f} us "
                       f"({cell['gbps_kernel']:6.0f} GB/s)", flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / f"{slug(device_name(device))}-gather-ceiling.json"
-    write_json(path, dict(environment=environment(device), tiles=args.tiles), cells)
+    write_json(path, dict(environment=environment(device), tiles=args.tiles,
+                          scatter_tiles=args.scatter_tiles), cells)
     print(f"Written: {path}")
     return 0
 

@@ -47,6 +47,13 @@ def corner_rows(inputs: MSDAInputs) -> torch.Tensor:
     return rows.reshape(B * Q * M, L * K * 4).to(torch.int32)
 
 
+def check_row_tile(D: int, R: int, block_r: int) -> None:
+    """ValueError unless D and block_r are powers of two and block_r divides R."""
+    if D & (D - 1) or R % block_r or block_r & (block_r - 1):
+        raise ValueError(f"D={D} must be a power of two and R={R} a multiple of "
+                         f"block_r={block_r} (a power of two)")
+
+
 @triton.jit
 def gather_sum_kernel(value_ptr, rows_ptr, out_ptr, N, R: tl.constexpr, D: tl.constexpr,
                       BLOCK_Q: tl.constexpr, BLOCK_R: tl.constexpr):
@@ -75,9 +82,7 @@ def gather_sum(value: torch.Tensor, rows: torch.Tensor, block_q: int = 2, block_
     of block_r."""
     D = value.shape[-1]
     N, R = rows.shape
-    if D & (D - 1) or R % block_r or block_r & (block_r - 1):
-        raise ValueError(f"D={D} must be a power of two and R={R} a multiple of "
-                         f"block_r={block_r} (a power of two)")
+    check_row_tile(D, R, block_r)
     if not value.is_contiguous() or not rows.is_contiguous():
         raise ValueError("value and rows must be contiguous")
     out = value.new_empty(N, D)
