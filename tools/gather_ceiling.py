@@ -75,7 +75,7 @@ def measure(fn, device: torch.device, budget_ms: float, nbytes: int) -> dict:
 def _backward_runs(inputs, rows: torch.Tensor, tiles, nbytes: int) -> dict:
     """The backward's cells, as {name: (fn, bytes moved)}: msda_mm's backward
     (grad_value accumulated as the op picks on this GPU), its zero fill
-    alone, and per scatter tile the atomics alone (into one buffer, filled
+    alone (and PyTorch's, torch.zeros, for comparison), and per scatter tile the atomics alone (into one buffer, filled
     once) and fill + atomics.  nbytes: the atomically added row bytes."""
     value = inputs.value
     gen = torch.Generator(value.device).manual_seed(0)
@@ -87,12 +87,15 @@ def _backward_runs(inputs, rows: torch.Tensor, tiles, nbytes: int) -> dict:
     filled = torch.zeros(value.shape, dtype=accum_dtype, device=value.device)
 
     def fill():
-        return torch.zeros(value.shape, dtype=accum_dtype, device=value.device)
+        return launch.zeroed(value.shape, accum_dtype, value.device)
 
+    fill_bytes = filled.numel() * filled.element_size()
     runs = {"msda_mm backward": (lambda: launch.msda_backward(
                 grad_out, value, inputs.spatial_shapes, inputs.level_start_index,
                 inputs.sampling_locations, inputs.attention_weights, fp32_accum), nbytes),
-            "zero fill": (fill, filled.numel() * filled.element_size())}
+            "zero fill": (fill, fill_bytes),
+            "torch.zeros": (lambda: torch.zeros(value.shape, dtype=accum_dtype,
+                                                device=value.device), fill_bytes)}
     for bq, br, nw in tiles:
         runs[f"scatter {bq}x{br}x{nw}"] = (
             lambda bq=bq, br=br, nw=nw: scatter_add(filled, rows, src, bq, br, nw), nbytes)

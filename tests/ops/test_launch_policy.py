@@ -31,3 +31,23 @@ def test_pairs_kernel_only_where_it_applies():
         assert tile(rows=9600)["BLOCK_Q"] == 2
         with launch.tile_override(fwd=(1, 1, 16)):
             assert tile() is None
+
+
+def test_grad_value_buffer_is_zeroed_as_words_where_it_can_be(monkeypatch):
+    # 16-bit buffers of even size are zeroed through an int32 view (PyTorch's
+    # 16-bit fill is slower per byte on the H200); odd sizes and other
+    # dtypes through their own.  Either way every byte is 0, also where the
+    # allocation held garbage (here: 0xff everywhere).
+    seen = []
+    empty, zero_ = torch.empty, torch.Tensor.zero_
+    monkeypatch.setattr(torch, "empty", lambda *a, **k: empty(*a, **k).view(-1).view(
+        torch.uint8).fill_(255).view(k["dtype"]).view(a[0]))
+    monkeypatch.setattr(torch.Tensor, "zero_", lambda t: seen.append(t.dtype) or zero_(t))
+    for dtype, shape, via in [(torch.bfloat16, (2, 3, 4, 6), torch.int32),
+                              (torch.float16, (1, 3, 1, 5), torch.float16),  # 15 elements
+                              (torch.float32, (2, 3, 4, 6), torch.float32)]:
+        seen.clear()
+        out = launch.zeroed(shape, dtype, torch.device("cpu"))
+        assert out.shape == shape and out.dtype == dtype and out.is_contiguous()
+        assert seen == [via]
+        assert not out.view(-1).view(torch.uint8).any()

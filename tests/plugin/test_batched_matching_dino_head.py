@@ -306,12 +306,14 @@ def test_training_step_losses_are_mmdets(reference_backend, quiet_mmengine, monk
     assert len(matched) == 4
 
 
-def test_fast_host_config_swaps_only_the_head():
+def test_fast_host_config_swaps_only_the_head_and_the_optimizer_constructor():
     fast = Config.fromfile(str(CONFIGS / "dino_bf16_fast_host.py"))
     base = Config.fromfile(str(CONFIGS / "dino_bf16_fused_adamw.py")).to_dict()
     fast_dict = fast.to_dict()
     assert fast_dict["model"]["bbox_head"].pop("type") == "BatchedMatchingDINOHead"
     assert base["model"]["bbox_head"].pop("type") == "DINOHead"
+    assert fast_dict["optim_wrapper"].pop("constructor") == "MergedGroupsOptimWrapperConstructor"
+    assert "constructor" not in base["optim_wrapper"]
     assert fast_dict == base
     assert type(build_detector(fast.model).bbox_head) is BatchedMatchingDINOHead
 
