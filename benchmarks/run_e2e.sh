@@ -51,7 +51,8 @@
 # OUT/PART.tar.gz (work_dirs/e2e/PART without checkpoints).
 #
 # Environment: E2E_EPOCHS (train, default 4) epochs of 125 iterations for
-# both precisions; E2E_BUDGET_S (default 530) seconds until the deadline;
+# both precisions; E2E_WARMUP (default 0) steps of linear LR warmup for
+# every synthetic training; E2E_BUDGET_S (default 530) seconds until the deadline;
 # E2E_SMOKE=1 swaps in the tiny CPU config and a few steps, to test this
 # script without a GPU.
 set -uo pipefail  # no -e: a failed step is recorded and the others still run
@@ -162,7 +163,25 @@ if [[ $PART == ddp ]] && ((${#GPUS[@]} < 2)); then
     echo "$0: the ddp part needs 2 GPUs, found ${#GPUS[@]}" >&2
     exit 2
 fi
+[[ ${E2E_WARMUP:-0} =~ ^[0-9]+$ ]] ||
+    { echo "$0: E2E_WARMUP must be a number of steps, got '$E2E_WARMUP'" >&2; exit 2; }
 rm -rf "$RES" && mkdir -p "$RES/logs" && : > "$SUMMARY"
+# E2E_WARMUP=N: both synthetic configs, as derived ones under $RES/configs,
+# with a linear LR warmup over the first N steps beside their MultiStepLR
+# (kept first: TRAIN_OPTS reschedules param_scheduler.0); mmengine chains
+# the two.  For schedules that stall in fp32 too (benchmarks/e2e/README.md,
+# session 8).
+if ((${E2E_WARMUP:-0} > 0)); then
+    mkdir -p "$RES/configs"
+    for var in SYN_BF16 SYN_FP32; do
+        derived=$RES/configs/$(basename "${!var}" .py)_warmup${E2E_WARMUP}.py
+        printf '%s\n' "_base_ = '$PWD/${!var}'" "param_scheduler = [" \
+            "    dict(type='MultiStepLR', begin=0, end=6, by_epoch=True, milestones=[5], gamma=0.1)," \
+            "    dict(type='LinearLR', start_factor=0.001, by_epoch=False, begin=0, end=$E2E_WARMUP)]" \
+            > "$derived"
+        printf -v "$var" '%s' "$derived"
+    done
+fi
 { echo "# $PART, $(date -u +%FT%TZ), GPUs: ${GPUS[*]:-none}, smoke: ${E2E_SMOKE:-0}, epochs: $EPOCHS"
   nvidia-smi -L 2>/dev/null; } >> "$SUMMARY"
 read -ra _v <<< "$VARIANTS"; read -ra _s <<< "$SEEDS"

@@ -122,6 +122,27 @@ def test_amp_part_runs_the_first_epochs_of_the_ap_schedule(tmp_path):
     assert summary.count("bbox_mAP_copypaste") == 1, summary  # fp32's, once at the end
 
 
+def test_warmup_derives_configs_with_a_linear_warmup(tmp_path):
+    run = _run("amp", tmp_path, E2E_VARIANTS="fp32", E2E_WARMUP="3")
+    summary = (tmp_path / "amp.log").read_text()
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    train = _steps(summary)["train_fp32_seed0"]
+    assert " rc=0 " in train and "configs/dino_tiny_cpu_warmup3.py" in train, summary
+    # The config the run used (mmengine dumps it): the warmup, and the
+    # MultiStepLR first, rescheduled by the part's options.
+    from mmengine.config import Config
+    (dumped,) = (ROOT / "work_dirs/e2e/amp/syn_fp32_seed0").glob("dino_tiny_cpu_warmup3.py")
+    multistep, warmup = Config.fromfile(str(dumped)).param_scheduler
+    assert (multistep.type, multistep.end, multistep.milestones) == ("MultiStepLR", 2, [1])
+    assert (warmup.type, warmup.by_epoch, warmup.end) == ("LinearLR", False, 3)
+
+
+def test_bad_warmup_is_refused(tmp_path):
+    run = _run("amp", tmp_path, timeout=60, E2E_WARMUP="200 steps")
+    assert run.returncode == 2 and "E2E_WARMUP must be a number of steps" in run.stderr
+    assert not (tmp_path / "amp.log").exists()
+
+
 def test_ap_part_warns_when_runs_share_a_gpu(tmp_path):
     # Two runs on one GPU; a zero budget skips every step after the warning.
     run = _run("ap", tmp_path, gpus="0", timeout=120, E2E_VARIANTS="bf16 fp32",
