@@ -57,6 +57,15 @@ def test_fused_adamw_config_is_dino_bf16_plus_fused():
     assert fused == base
 
 
+def test_compiled_config_is_fast_host_plus_the_compile_hook():
+    compiled = _load("dino_bf16_fast_host_compiled.py").to_dict()
+    base = _load("dino_bf16_fast_host.py").to_dict()
+    assert compiled.pop("custom_hooks") == [dict(type="CompileSubmodulesHook",
+                                                 modules=["encoder.layers", "decoder.layers"])]
+    assert "custom_hooks" not in base
+    assert compiled == base
+
+
 @pytest.mark.parametrize("name", ALL)
 def test_learned_bn_statistics_are_synced_across_ranks(name):
     # Under DDP each rank updates its own BN buffers; a config whose backbone

@@ -22,6 +22,8 @@ from torch import nn
 from torch.utils._pytree import tree_map
 from torch.utils.hooks import RemovableHandle
 
+from .submodule_paths import resolve_submodules
+
 # The autocast devices the hooks turn off (mmengine's autocast also runs on
 # NPU, MLU and MUSA, which SelectiveAmpOptimWrapper refuses).
 _DEVICE_TYPES = ("cuda", "cpu")
@@ -74,17 +76,9 @@ def keep_fp32(model: nn.Module, names: Iterable[str]) -> List[RemovableHandle]:
     ``ValueError`` naming the path when ``model`` has no such submodule, or
     ``TypeError`` when ``names`` is a plain string.
     """
-    if isinstance(names, str):
-        raise TypeError(f"names must be a list of submodule paths, got the string {names!r}")
     handles: List[RemovableHandle] = []
     hooked = set()
-    for name in names:
-        try:
-            root = model.get_submodule(name)
-        except AttributeError:
-            children = sorted(n for n, _ in model.named_children())
-            raise ValueError(f"keep_fp32: {type(model).__name__} has no submodule {name!r} "
-                             f"(its children: {children})") from None
+    for root in resolve_submodules(model, names, "keep_fp32", "names"):
         for module in root.modules():
             if id(module) in hooked:
                 continue

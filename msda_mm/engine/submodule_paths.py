@@ -1,0 +1,25 @@
+"""Submodules of a model named by dotted paths, as configs name them."""
+from __future__ import annotations
+
+from typing import Iterable, List
+
+from torch import nn
+
+
+def resolve_submodules(model: nn.Module, paths: Iterable[str], owner: str,
+                       argument: str) -> List[nn.Module]:
+    """``model.get_submodule(path)`` for each path, all resolved before any
+    is used.  TypeError when ``paths`` is a plain string (a list of its
+    characters is never meant); ValueError naming ``owner``, the path and
+    the model's children for an unknown path."""
+    if isinstance(paths, str):
+        raise TypeError(f"{argument} must be a list of submodule paths, got the string {paths!r}")
+    modules = []
+    for path in paths:
+        try:
+            modules.append(model.get_submodule(path))
+        except AttributeError:
+            children = sorted(name for name, _ in model.named_children())
+            raise ValueError(f"{owner}: {type(model).__name__} has no submodule {path!r} "
+                             f"(its children: {children})") from None
+    return modules
