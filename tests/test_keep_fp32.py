@@ -150,3 +150,8 @@ def test_bad_names_are_refused():
         keep_fp32(Net(), ["heads"])
     with pytest.raises(TypeError, match="list of submodule paths, got the string 'head'"):
         keep_fp32(Net(), "head")
+    # Every path is checked before any module is hooked.
+    net = Net()
+    with pytest.raises(ValueError, match="no submodule 'heads'"):
+        keep_fp32(net, ["head", "heads"])
+    assert not any(m._forward_pre_hooks or m._forward_hooks for m in net.modules())
