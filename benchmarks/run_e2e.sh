@@ -163,13 +163,13 @@ if [[ $PART == ddp ]] && ((${#GPUS[@]} < 2)); then
     echo "$0: the ddp part needs 2 GPUs, found ${#GPUS[@]}" >&2
     exit 2
 fi
-[[ ${E2E_WARMUP:-0} =~ ^[0-9]+$ ]] ||
+[[ ${E2E_WARMUP:-0} =~ ^(0|[1-9][0-9]*)$ ]] ||  # no leading 0: bash would read octal
     { echo "$0: E2E_WARMUP must be a number of steps, got '$E2E_WARMUP'" >&2; exit 2; }
 rm -rf "$RES" && mkdir -p "$RES/logs" && : > "$SUMMARY"
 # E2E_WARMUP=N: both synthetic configs, as derived ones under $RES/configs,
 # with a linear LR warmup over the first N steps beside their MultiStepLR
-# (kept first: TRAIN_OPTS reschedules param_scheduler.0); mmengine chains
-# the two.  For schedules that stall in fp32 too (benchmarks/e2e/README.md,
+# (kept first, as the synthetic configs write it: TRAIN_OPTS reschedules
+# param_scheduler.0, and a test checks the copy); mmengine chains the two.  For schedules that stall in fp32 too (benchmarks/e2e/README.md,
 # session 8).
 if ((${E2E_WARMUP:-0} > 0)); then
     mkdir -p "$RES/configs"

@@ -137,10 +137,24 @@ def test_warmup_derives_configs_with_a_linear_warmup(tmp_path):
     assert (warmup.type, warmup.by_epoch, warmup.end) == ("LinearLR", False, 3)
 
 
-def test_bad_warmup_is_refused(tmp_path):
-    run = _run("amp", tmp_path, timeout=60, E2E_WARMUP="200 steps")
+@pytest.mark.parametrize("warmup", ["200 steps", "010", "-5"])
+def test_bad_warmup_is_refused(warmup, tmp_path):
+    run = _run("amp", tmp_path, timeout=60, E2E_WARMUP=warmup)
     assert run.returncode == 2 and "E2E_WARMUP must be a number of steps" in run.stderr
     assert not (tmp_path / "amp.log").exists()
+
+
+def test_warmup_configs_copy_the_synthetic_configs_multistep_lr():
+    # The derived configs restate param_scheduler[0]; it must stay the one
+    # the synthetic configs (and the tiny smoke config) have.
+    import re
+
+    from mmengine.config import Config
+    line = re.search(r"dict\(type='MultiStepLR'[^)]*\)", SCRIPT.read_text()).group(0)
+    written = eval(line, {"dict": dict})  # noqa: S307 - a literal from our own script
+    for name in ("dino_r50_synthetic_bf16.py", "dino_r50_synthetic_fp32.py"):
+        base = Config.fromfile(str(ROOT / "configs/synthetic" / name)).param_scheduler[0]
+        assert dict(base) == written, name
 
 
 def test_ap_part_warns_when_runs_share_a_gpu(tmp_path):
@@ -185,7 +199,8 @@ def test_every_keep_fp32_variant_names_submodules_of_dino():
     for variant, paths in variants.items():
         for handle in keep_fp32(model, paths.split(",")):
             handle.remove()
-    # The control keeps every submodule in fp32: none may be left in bf16
-    # (the data preprocessor runs before mmengine enters autocast).
+    # The control keeps every submodule in fp32: none may be left in bf16.
+    # Not the data preprocessor: mmengine runs it under autocast too, but it
+    # only normalises and pads (elementwise ops, which autocast leaves fp32).
     assert set(variants["bf16_fp32all"].split(",")) == {
         name for name, _ in model.named_children() if name != "data_preprocessor"}

@@ -2,7 +2,7 @@
 backward on this GPU (msda_mm/bench/gather.py, msda_mm/bench/scatter.py).
 
     python tools/gather_ceiling.py [--presets encoder,decoder] [--dtypes bf16,fp32]
-        [--tiles 2x16x1,8x16x4] [--scatter-tiles 1x16x1] [--out benchmarks]
+        [--tiles 2x16x1,8x16x4] [--scatter-tiles 1x64x1] [--out benchmarks]
 
 For each preset and dtype: the forward of msda_mm and a kernel that only
 gathers and sums the same corner rows; then msda_mm's backward, the zero
@@ -55,10 +55,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--tiles", type=_tiles, default=[(2, 16, 1), (8, 16, 4), (16, 16, 4)],
                         help="gather kernel tiles BLOCK_QxBLOCK_RxWARPS (default "
                              "2x16x1,8x16x4,16x16x4)")
-    # The backward's own tiles: 1 query x 16 points (16-bit), 1 x 8 (fp32).
-    parser.add_argument("--scatter-tiles", type=_tiles, default=[(1, 16, 1), (1, 8, 1)],
-                        help="scatter kernel tiles BLOCK_QxBLOCK_RxWARPS (default "
-                             "1x16x1,1x8x1)")
+    # BLOCK_R counts corner rows, 4 a point: the backward's own chunks are 1
+    # query x 16 points (16-bit: 64 rows) and 1 x 8 (fp32: 32 rows).
+    parser.add_argument("--scatter-tiles", type=_tiles, default=[(1, 64, 1), (1, 32, 1)],
+                        help="scatter kernel tiles BLOCK_QxBLOCK_RxWARPS, BLOCK_R in corner "
+                             "rows (default 1x64x1,1x32x1)")
     parser.add_argument("--budget-ms", type=float, default=200.0,
                         help="timing budget per measurement (default 200)")
     parser.add_argument("--out", type=Path, default=Path("benchmarks"))
@@ -72,11 +73,13 @@ def measure(fn, device: torch.device, budget_ms: float, nbytes: int) -> dict:
                 gbps_kernel=nbytes / kernel / 1e3)
 
 
-def _backward_runs(inputs, rows: torch.Tensor, tiles, nbytes: int) -> dict:
+def _backward_runs(inputs, rows: torch.Tensor, tiles) -> dict:
     """The backward's cells, as {name: (fn, bytes moved)}: msda_mm's backward
     (grad_value accumulated as the op picks on this GPU), its zero fill
-    alone (and PyTorch's, torch.zeros, for comparison), and per scatter tile the atomics alone (into one buffer, filled
-    once) and fill + atomics.  nbytes: the atomically added row bytes."""
+    alone (and PyTorch's, torch.zeros, for comparison), and per scatter tile
+    the atomics alone (into one buffer, filled once) and fill + atomics.
+    Bytes: the atomically added rows (in the accumulation dtype), or the
+    fill's buffer."""
     value = inputs.value
     gen = torch.Generator(value.device).manual_seed(0)
     grad_out = torch.randn(*inputs.attention_weights.shape[:2], value.shape[2] * value.shape[3],
@@ -85,6 +88,7 @@ def _backward_runs(inputs, rows: torch.Tensor, tiles, nbytes: int) -> dict:
     accum_dtype = torch.float32 if fp32_accum else value.dtype
     src = grad_out.view(rows.shape[0], value.shape[3])
     filled = torch.zeros(value.shape, dtype=accum_dtype, device=value.device)
+    nbytes = rows.numel() * value.shape[3] * filled.element_size()
 
     def fill():
         return launch.zeroed(value.shape, accum_dtype, value.device)
@@ -123,7 +127,7 @@ def main(argv=None) -> int:
             for bq, br, nw in args.tiles:
                 runs[f"gather {bq}x{br}x{nw}"] = (
                     lambda bq=bq, br=br, nw=nw: gather_sum(value, rows, bq, br, nw), nbytes)
-            runs.update(_backward_runs(inputs, rows, args.scatter_tiles, nbytes))
+            runs.update(_backward_runs(inputs, rows, args.scatter_tiles))
             for kernel, (fn, moved) in runs.items():
                 # moved_mb: the rows gathered or atomically added (the fill: grad_value).
                 cell = dict(preset=name, dtype=dname, kernel=kernel, moved_mb=moved / 1e6,

@@ -29,12 +29,27 @@ from torch import nn
 
 def merge_param_groups(groups: List[dict]) -> List[dict]:
     """Groups with equal options merged, in first-appearance order; each
-    group's parameters keep their order."""
-    merged: dict = {}
+    group's parameters keep their order.  Options are compared with ``==``
+    (a config may give lists, e.g. ``betas``).  A parameter in two groups
+    (a shared one, without ``bypass_duplicate``) raises ValueError as
+    PyTorch does for separate groups: within one merged group it would only
+    warn, and step the parameter twice."""
+    merged: List[tuple] = []  # (options, group)
+    seen = set()
     for group in groups:
-        options = tuple(sorted((k, v) for k, v in group.items() if k != "params"))
-        merged.setdefault(options, {**group, "params": []})["params"].extend(group["params"])
-    return list(merged.values())
+        for p in group["params"]:
+            if id(p) in seen:
+                raise ValueError("MergedGroupsOptimWrapperConstructor: a parameter appears in "
+                                 "more than one parameter group (shared between modules?); "
+                                 "set paramwise_cfg.bypass_duplicate=True")
+            seen.add(id(p))
+        options = {k: v for k, v in group.items() if k != "params"}
+        target = next((g for o, g in merged if o == options), None)
+        if target is None:
+            target = {**options, "params": []}
+            merged.append((options, target))
+        target["params"].extend(group["params"])
+    return [group for _, group in merged]
 
 
 @OPTIM_WRAPPER_CONSTRUCTORS.register_module()

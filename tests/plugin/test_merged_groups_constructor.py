@@ -96,6 +96,26 @@ def test_merge_keeps_first_appearance_order():
     assert [g.get("weight_decay") for g in merged] == [None, None, 0.0]
 
 
+def test_list_options_merge_and_shared_parameters_are_refused():
+    a, b, c = (torch.zeros(1) for _ in range(3))
+    merged = merge_param_groups([dict(params=[a], betas=[0.9, 0.99]), dict(params=[b], lr=1.0),
+                                 dict(params=[c], betas=[0.9, 0.99])])
+    assert [len(g["params"]) for g in merged] == [2, 1] and merged[0]["betas"] == [0.9, 0.99]
+    with pytest.raises(ValueError, match="more than one parameter group"):
+        merge_param_groups([dict(params=[a], lr=1.0), dict(params=[a], lr=1.0)])
+    # Through the constructor: a weight tied between two modules, as the
+    # default constructor (and PyTorch) refuses it too.
+    net = Net()
+    net.head[2].weight = net.head[0].weight
+    cfg = copy.deepcopy(CFG)
+    cfg["constructor"] = "MergedGroupsOptimWrapperConstructor"
+    with DefaultScope.overwrite_default_scope("mmdet"), \
+            pytest.raises(ValueError, match="more than one parameter group"):
+        build_optim_wrapper(net, cfg)
+
+
+# Without paramwise options mmengine builds one group and never merges:
+# the constructor must leave that path alone.
 @pytest.mark.parametrize("paramwise_cfg", [None, {}])
 def test_without_paramwise_options_there_is_one_group(paramwise_cfg):
     cfg = copy.deepcopy(CFG)
