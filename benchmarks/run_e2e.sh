@@ -169,7 +169,8 @@ rm -rf "$RES" && mkdir -p "$RES/logs" && : > "$SUMMARY"
 # E2E_WARMUP=N: both synthetic configs, as derived ones under $RES/configs,
 # with a linear LR warmup over the first N steps beside their MultiStepLR
 # (kept first, as the synthetic configs write it: TRAIN_OPTS reschedules
-# param_scheduler.0, and a test checks the copy); mmengine chains the two.  For schedules that stall in fp32 too (benchmarks/e2e/README.md,
+# param_scheduler.0, and a test checks the copy); mmengine chains the two.
+# For the schedule that stalls in fp32 too (benchmarks/e2e/README.md,
 # session 8).
 if ((${E2E_WARMUP:-0} > 0)); then
     mkdir -p "$RES/configs"

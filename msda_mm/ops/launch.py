@@ -183,8 +183,9 @@ def zeroed(shape, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """torch.zeros, with a 16-bit buffer of even size zeroed as 32-bit words:
     PyTorch's fill wrote 16-bit zeros at 3.2 TB/s on the H200 against 4.5
     TB/s for fp32 (grad_value of the decoder preset, 45.5 MB bf16 in 14.4
-    us, 91 MB fp32 in 20.1 us: benchmarks/nvidia-h200-gather-ceiling.json),
-    and the fill is part of every backward."""
+    us, 91 MB fp32 in 20.1 us: benchmarks/nvidia-h200-gather-ceiling.json;
+    this way 10.6 us: nvidia-h200-gather-ceiling-fill-s8.json), and the
+    fill is part of every backward."""
     out = torch.empty(shape, dtype=dtype, device=device)
     flat = out.view(-1)
     if out.element_size() == 2 and flat.numel() % 2 == 0:
