@@ -32,9 +32,9 @@ from msda_mm.bench.presets import PRESETS  # noqa: E402
 from msda_mm.bench.report import device_name, environment, slug, write_json  # noqa: E402
 from msda_mm.bench.run import DTYPES  # noqa: E402
 from msda_mm.bench.scatter import scatter_add  # noqa: E402
+from msda_mm.bench.timing import graph_times_us, kernel_times_us  # noqa: E402
 from msda_mm.ops import launch  # noqa: E402
 from msda_mm.ops.msda import resolve_fp32_grad_accum  # noqa: E402
-from msda_mm.bench.timing import graph_times_us, kernel_times_us  # noqa: E402
 
 
 def _tiles(text: str) -> list[tuple[int, int, int]]:

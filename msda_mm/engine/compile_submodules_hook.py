@@ -25,10 +25,9 @@ from typing import Iterable, List
 
 from mmdet.registry import HOOKS
 from mmengine.hooks import Hook
-from mmengine.model import is_model_wrapper
 from torch import nn
 
-from .submodule_paths import resolve_submodules
+from .submodule_paths import resolve_submodules, unwrapped
 
 
 def compile_submodules(model: nn.Module, paths: Iterable[str], **compile_kwargs) -> List[nn.Module]:
@@ -61,5 +60,4 @@ class CompileSubmodulesHook(Hook):
         self.compile_kwargs = compile_kwargs
 
     def before_train(self, runner) -> None:
-        model = runner.model.module if is_model_wrapper(runner.model) else runner.model
-        compile_submodules(model, self.modules, **self.compile_kwargs)
+        compile_submodules(unwrapped(runner.model), self.modules, **self.compile_kwargs)

@@ -6,11 +6,11 @@ from typing import Sequence
 
 from mmdet.registry import OPTIM_WRAPPERS
 from mmengine.device import get_device
-from mmengine.model import is_model_wrapper
 from mmengine.optim import AmpOptimWrapper
 from torch import nn
 
 from .fp32_modules import keep_fp32
+from .submodule_paths import unwrapped
 
 
 @OPTIM_WRAPPERS.register_module()
@@ -41,7 +41,7 @@ class SelectiveAmpOptimWrapper(AmpOptimWrapper):
 
     @contextmanager
     def optim_context(self, model: nn.Module):
-        module = model.module if is_model_wrapper(model) else model
+        module = unwrapped(model)
         if self._hooked is not module:
             if self._hooked is not None:
                 raise RuntimeError("SelectiveAmpOptimWrapper serves one model; it was given a second")

@@ -1,9 +1,16 @@
-"""Submodules of a model named by dotted paths, as configs name them."""
+"""Submodules of a model named by dotted paths, as configs name them, and
+the model under mmengine's wrappers (DDP), whose paths they are."""
 from __future__ import annotations
 
 from typing import Iterable, List
 
+from mmengine.model import is_model_wrapper
 from torch import nn
+
+
+def unwrapped(model: nn.Module) -> nn.Module:
+    """The model inside an mmengine model wrapper (DDP, ...), else itself."""
+    return model.module if is_model_wrapper(model) else model
 
 
 def resolve_submodules(model: nn.Module, paths: Iterable[str], owner: str,
