@@ -1,0 +1,100 @@
+"""Where the host time of one eager MSDA forward + backward goes.
+
+The benchmark's ``host_fwdbwd_us`` is one number (660-990 us on the H200
+box, whose cheapest differentiable op, ``x * 2`` and its grad, already
+costs 205 us).  These pieces split it: the op through autograd, the two
+allocating launchers called directly, the same launchers with their Triton
+launch replaced by nothing (so the launch's own cost is the difference),
+the input checks, the grad_value fill and one bare allocation.  Each is the
+median CPU time until the call returns, on an idle device, timed as
+``eager_times_us`` times (on CPU, where nothing is asynchronous, the wall
+time).
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Callable
+from unittest import mock
+
+import torch
+
+from msda_mm.ops import launch, multi_scale_deformable_attention
+from msda_mm.ops.msda import resolve_fp32_grad_accum
+from msda_mm.ops.validate import check_inputs
+
+from .inputs import MSDAInputs
+from .timing import autograd_floor_us, eager_times_us
+
+_KERNELS = ("msda_fwd_kernel", "msda_fwd_pairs_kernel", "msda_bwd_kernel")
+
+
+class _NoLaunch:
+    """Stands in for a Triton kernel: ``kernel[grid](*args, **meta)`` does nothing."""
+
+    def __getitem__(self, grid):
+        return lambda *args, **meta: None
+
+
+@contextlib.contextmanager
+def no_launches():
+    """Inside this block launch.py's kernels launch nothing (outputs stay
+    uninitialised): what the launchers cost without Triton's launch."""
+    with contextlib.ExitStack() as stack:
+        for name in _KERNELS:
+            stack.enter_context(mock.patch.object(launch, name, _NoLaunch()))
+        yield
+
+
+def pieces(inputs: MSDAInputs) -> dict[str, Callable[[], object]]:
+    """{name: call} of every piece, in the order of the table."""
+    x = inputs
+    value, loc, attn = (t.detach().requires_grad_() for t in
+                        (x.value, x.sampling_locations, x.attention_weights))
+    accum = resolve_fp32_grad_accum(x.value, None)
+
+    def op():
+        return multi_scale_deformable_attention(value, x.spatial_shapes, x.level_start_index,
+                                                loc, attn)
+
+    def forward():
+        return launch.msda_forward(x.value, x.spatial_shapes, x.level_start_index,
+                                   x.sampling_locations, x.attention_weights)
+
+    def backward():
+        return launch.msda_backward(x.grad_output, x.value, x.spatial_shapes,
+                                    x.level_start_index, x.sampling_locations,
+                                    x.attention_weights, accum)
+
+    def unlaunched(fn):
+        def call():
+            with no_launches():
+                return fn()
+        return call
+
+    return {
+        "op forward": op,
+        "op forward + autograd.grad": lambda: torch.autograd.grad(op(), (value, loc, attn),
+                                                                  x.grad_output),
+        "launch.msda_forward": forward,
+        "launch.msda_forward, no launch": unlaunched(forward),
+        "launch.msda_backward": backward,
+        "launch.msda_backward, no launch": unlaunched(backward),
+        "check_inputs": lambda: check_inputs(value, x.spatial_shapes, x.level_start_index,
+                                             loc, attn),
+        "launch.zeroed (grad_value)": lambda: launch.zeroed(
+            x.value.shape, torch.float32 if accum else x.value.dtype, x.value.device),
+        "torch.empty (1 element)": lambda: torch.empty(1, device=x.value.device),
+    }
+
+
+def host_breakdown(inputs: MSDAInputs, budget_ms: float) -> dict[str, float]:
+    """{piece: host us}, plus the autograd floor of this machine."""
+    device = inputs.value.device
+    times = {}
+    for name, fn in pieces(inputs).items():
+        wall, host = eager_times_us(fn, device, budget_ms)
+        times[name] = wall if host is None else host
+    floor = autograd_floor_us(device, budget_ms)
+    if floor is not None:
+        times["floor: x * 2 + autograd.grad"] = floor
+    return times

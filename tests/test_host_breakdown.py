@@ -1,0 +1,60 @@
+"""tools/host_breakdown.py and msda_mm/bench/host.py: every piece is timed,
+the "no launch" pieces really launch nothing, and the tool writes its JSON
+(CPU: Triton interpreter, the tiny preset)."""
+import json
+import runpy
+from pathlib import Path
+
+import pytest
+import torch
+
+from msda_mm.bench import host
+from msda_mm.bench.inputs import make_inputs
+from msda_mm.bench.presets import PRESETS
+from msda_mm.ops import launch
+
+
+def _main(argv):
+    return runpy.run_path(str(Path(__file__).resolve().parents[1] / "tools/host_breakdown.py"))[
+        "main"](argv)
+
+
+def test_no_launches_skips_the_kernels_and_restores_them():
+    inputs = make_inputs(PRESETS["tiny"], "uniform", seed=0)
+    kernels = [getattr(launch, name) for name in host._KERNELS]
+    with host.no_launches():
+        out = launch.msda_backward(inputs.grad_output, inputs.value, inputs.spatial_shapes,
+                                   inputs.level_start_index, inputs.sampling_locations,
+                                   inputs.attention_weights, False)
+    # The fill ran, the kernel did not: grad_value is all zeros.
+    assert torch.count_nonzero(out[0]) == 0
+    assert [getattr(launch, name) for name in host._KERNELS] == kernels
+    real = launch.msda_backward(inputs.grad_output, inputs.value, inputs.spatial_shapes,
+                                inputs.level_start_index, inputs.sampling_locations,
+                                inputs.attention_weights, False)
+    assert torch.count_nonzero(real[0]) > 0
+
+
+def test_tool_times_every_piece(tmp_path, capsys):
+    assert _main(["--presets", "tiny", "--dtypes", "fp32", "--device", "cpu",
+                                "--budget-ms", "1", "--profile-calls", "1", "--top", "3",
+                                "--out", str(tmp_path)]) == 0
+    cell, = json.loads((tmp_path / "cpu-host-breakdown.json").read_text())["cells"]
+    inputs = make_inputs(PRESETS["tiny"], "uniform", seed=0)
+    assert list(cell["host_us"]) == list(host.pieces(inputs))  # no floor on CPU
+    assert all(us > 0 for us in cell["host_us"].values())
+    # The interpreter runs the kernel in Python: far slower than no launch.
+    assert cell["host_us"]["launch.msda_backward"] > 10 * cell["host_us"][
+        "launch.msda_backward, no launch"]
+    assert set(cell["profiles"]) == {"launch.msda_forward", "launch.msda_backward"}
+    assert "cProfile of 1 x launch.msda_backward" in capsys.readouterr().out
+
+
+@pytest.mark.gpu
+def test_tool_on_cuda_measures_the_floor_and_the_launches(tmp_path):
+    assert _main(["--presets", "decoder", "--dtypes", "bf16", "--budget-ms", "20",
+                  "--out", str(tmp_path)]) == 0
+    (path,) = tmp_path.glob("*-host-breakdown.json")
+    times, = (c["host_us"] for c in json.loads(path.read_text())["cells"])
+    assert times["floor: x * 2 + autograd.grad"] > 0
+    assert times["launch.msda_backward"] > times["launch.msda_backward, no launch"] > 0

@@ -1,0 +1,95 @@
+"""Where the host time of an eager MSDA forward + backward goes
+(msda_mm/bench/host.py).
+
+    python tools/host_breakdown.py [--presets decoder] [--dtypes bf16,fp32]
+        [--profile-calls 200] [--out benchmarks]
+
+For each preset and dtype, the host time of each piece of the call; then,
+with --profile-calls N, cProfile of N direct calls of each launcher (the
+functions with the most own time).  Writes
+<out>/<device-slug>-host-breakdown.json and prints the tables.  On CPU
+(TRITON_INTERPRET=1 for the kernels) the times are the interpreter's.
+"""
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import pstats
+import sys
+from pathlib import Path
+
+# Runs as `python tools/host_breakdown.py` from a checkout, installed or not.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+from msda_mm.bench.cli import names  # noqa: E402
+from msda_mm.bench.host import host_breakdown, pieces  # noqa: E402
+from msda_mm.bench.inputs import make_inputs  # noqa: E402
+from msda_mm.bench.presets import PRESETS  # noqa: E402
+from msda_mm.bench.report import device_name, environment, slug, write_json  # noqa: E402
+from msda_mm.bench.run import DTYPES  # noqa: E402
+
+_PROFILED = ("launch.msda_forward", "launch.msda_backward")
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--presets", type=names(PRESETS), default=("decoder",))
+    parser.add_argument("--dtypes", type=names(DTYPES), default=("bf16", "fp32"))
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--budget-ms", type=float, default=100.0,
+                        help="timing budget per piece (default 100)")
+    parser.add_argument("--profile-calls", type=int, default=0,
+                        help="cProfile this many direct calls of each launcher (default 0: none)")
+    parser.add_argument("--top", type=int, default=15, help="profile rows shown (default 15)")
+    parser.add_argument("--out", type=Path, default=Path("benchmarks"))
+    args = parser.parse_args(argv)
+    if args.profile_calls < 0 or args.top < 1:
+        parser.error("--profile-calls must be >= 0 and --top >= 1")
+    return args
+
+
+def profile(fn, calls: int, top: int) -> str:
+    """pstats text of ``calls`` calls of ``fn``, by own time."""
+    fn()  # compiled and allocated before the profile
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(calls):
+        fn()
+    profiler.disable()
+    text = io.StringIO()
+    pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(top)
+    return text.getvalue()
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    device = torch.device(args.device)
+    cells = []
+    for name in args.presets:
+        host = make_inputs(PRESETS[name], "uniform", seed=0)
+        for dname in args.dtypes:
+            inputs = host.to(device, DTYPES[dname])
+            times = host_breakdown(inputs, args.budget_ms)
+            print(f"\n{name} {dname}: host us per call")
+            for piece, us in times.items():
+                print(f"  {piece:34s} {us:9.1f}")
+            cell = dict(preset=name, dtype=dname, host_us=times)
+            if args.profile_calls:
+                calls = pieces(inputs)
+                cell["profiles"] = {p: profile(calls[p], args.profile_calls, args.top)
+                                    for p in _PROFILED}
+                for piece, text in cell["profiles"].items():
+                    print(f"\n{name} {dname}: cProfile of {args.profile_calls} x {piece}\n{text}")
+            cells.append(cell)
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / f"{slug(device_name(device))}-host-breakdown.json"
+    write_json(path, dict(environment=environment(device), command=" ".join(sys.argv)), cells)
+    print(f"Written: {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
