@@ -5,7 +5,9 @@ box, whose cheapest differentiable op, ``x * 2`` and its grad, already
 costs 205 us).  These pieces split it: the op through autograd, the two
 allocating launchers called directly, the same launchers with their Triton
 launch replaced by nothing (so the launch's own cost is the difference),
-the input checks, the grad_value fill and one bare allocation.  Each is the
+the input checks, the grad_value fill and one bare allocation; on CUDA
+also the floor, and the floor's op written as an autograd.Function (a
+Python backward, as the op's).  Each is the
 median CPU time until the call returns, on an idle device, timed as
 ``eager_times_us`` times (on CPU, where nothing is asynchronous, the wall
 time).
@@ -26,6 +28,29 @@ from .inputs import MSDAInputs
 from .timing import autograd_floor_us, eager_times_us
 
 _KERNELS = ("msda_fwd_kernel", "msda_fwd_pairs_kernel", "msda_bwd_kernel")
+
+
+class _TimesTwo(torch.autograd.Function):
+    """``x * 2`` with its backward in Python: autograd_floor_us's op as an
+    autograd.Function, as msda_mm's op is one (its backward node runs
+    Python on autograd's device thread, where a CUDA backward runs)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * 2
+
+
+def python_function_floor_us(device: torch.device, budget_ms: float):
+    """Host us of _TimesTwo and its autograd.grad, beside autograd_floor_us's
+    native ``x * 2``: what a Python backward adds to any eager op.  None on CPU."""
+    x = torch.zeros(4, 300, 256, device=device, requires_grad=True)
+    grad = torch.ones_like(x)
+    return eager_times_us(lambda: torch.autograd.grad(_TimesTwo.apply(x), x, grad), device,
+                          budget_ms)[1]
 
 
 class _NoLaunch:
@@ -97,4 +122,5 @@ def host_breakdown(inputs: MSDAInputs, budget_ms: float) -> dict[str, float]:
     floor = autograd_floor_us(device, budget_ms)
     if floor is not None:
         times["floor: x * 2 + autograd.grad"] = floor
+        times["floor, backward in Python"] = python_function_floor_us(device, budget_ms)
     return times
