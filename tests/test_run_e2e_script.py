@@ -122,22 +122,24 @@ def test_amp_part_runs_the_first_epochs_of_the_ap_schedule(tmp_path):
     assert summary.count("bbox_mAP_copypaste") == 1, summary  # fp32's, once at the end
 
 
-def test_warmup_derives_configs_with_a_linear_warmup(tmp_path):
-    run = _run("amp", tmp_path, E2E_VARIANTS="fp32", E2E_WARMUP="3")
+@pytest.mark.parametrize("steps", ["3", "0"])
+def test_warmup_derives_configs_with_that_warmup(steps, tmp_path):
+    run = _run("amp", tmp_path, E2E_VARIANTS="fp32", E2E_WARMUP=steps)
     summary = (tmp_path / "amp.log").read_text()
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     train = _steps(summary)["train_fp32_seed0"]
-    assert " rc=0 " in train and "configs/dino_tiny_cpu_warmup3.py" in train, summary
-    # The config the run used (mmengine dumps it): the warmup, and the
-    # MultiStepLR first, rescheduled by the part's options.
+    assert " rc=0 " in train and f"configs/dino_tiny_cpu_warmup{steps}.py" in train, summary
+    # The config the run used (mmengine dumps it): the MultiStepLR first,
+    # rescheduled by the part's options, then the warmup (none for 0).
     from mmengine.config import Config
-    (dumped,) = (ROOT / "work_dirs/e2e/amp/syn_fp32_seed0").glob("dino_tiny_cpu_warmup3.py")
-    multistep, warmup = Config.fromfile(str(dumped)).param_scheduler
+    (dumped,) = (ROOT / "work_dirs/e2e/amp/syn_fp32_seed0").glob(f"dino_tiny_cpu_warmup{steps}.py")
+    multistep, *warmup = Config.fromfile(str(dumped)).param_scheduler
     assert (multistep.type, multistep.end, multistep.milestones) == ("MultiStepLR", 2, [1])
-    assert (warmup.type, warmup.by_epoch, warmup.end) == ("LinearLR", False, 3)
+    assert [(w.type, w.by_epoch, w.end) for w in warmup] == (
+        [("LinearLR", False, 3)] if steps == "3" else [])
 
 
-@pytest.mark.parametrize("warmup", ["200 steps", "010", "-5"])
+@pytest.mark.parametrize("warmup", ["200 steps", "010", "-5", ""])
 def test_bad_warmup_is_refused(warmup, tmp_path):
     run = _run("amp", tmp_path, timeout=60, E2E_WARMUP=warmup)
     assert run.returncode == 2 and "E2E_WARMUP must be a number of steps" in run.stderr
