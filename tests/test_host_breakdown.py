@@ -38,6 +38,7 @@ def test_no_launches_skips_the_kernels_and_restores_them():
 def test_tool_times_every_piece(tmp_path, capsys):
     assert _main(["--presets", "tiny", "--dtypes", "fp32", "--device", "cpu",
                                 "--budget-ms", "1", "--profile-calls", "1", "--top", "3",
+                                "--torch-profile-calls", "2",
                                 "--out", str(tmp_path)]) == 0
     cell, = json.loads((tmp_path / "cpu-host-breakdown.json").read_text())["cells"]
     inputs = make_inputs(PRESETS["tiny"], "uniform", seed=0)
@@ -48,6 +49,10 @@ def test_tool_times_every_piece(tmp_path, capsys):
         "launch.msda_backward, no launch"]
     assert set(cell["profiles"]) == {"launch.msda_forward", "launch.msda_backward"}
     assert "cProfile of 1 x launch.msda_backward" in capsys.readouterr().out
+    # The autograd node of the op's backward is among the events, once a call.
+    rows = cell["torch_profile"]
+    assert len(rows) == 3 and all(r["self_us"] > 0 for r in rows)
+    assert rows == sorted(rows, key=lambda r: -r["self_us"])
 
 
 @pytest.mark.gpu

@@ -2,11 +2,14 @@
 (msda_mm/bench/host.py).
 
     python tools/host_breakdown.py [--presets decoder] [--dtypes bf16,fp32]
-        [--profile-calls 200] [--out benchmarks]
+        [--profile-calls 200] [--torch-profile-calls 50] [--out benchmarks]
 
 For each preset and dtype, the host time of each piece of the call; then,
 with --profile-calls N, cProfile of N direct calls of each launcher (the
-functions with the most own time).  Writes
+functions with the most own time); with --torch-profile-calls N,
+torch.profiler's CPU events of N eager forward + backward calls, by self
+time per call, on every thread (cProfile sees only the calling thread,
+and CUDA runs the backward on autograd's own).  Writes
 <out>/<device-slug>-host-breakdown.json and prints the tables.  On CPU
 (TRITON_INTERPRET=1 for the kernels) the times are the interpreter's.
 """
@@ -43,11 +46,14 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="timing budget per piece (default 100)")
     parser.add_argument("--profile-calls", type=int, default=0,
                         help="cProfile this many direct calls of each launcher (default 0: none)")
+    parser.add_argument("--torch-profile-calls", type=int, default=0,
+                        help="torch.profiler over this many eager forward + backward calls "
+                             "(default 0: none)")
     parser.add_argument("--top", type=int, default=15, help="profile rows shown (default 15)")
     parser.add_argument("--out", type=Path, default=Path("benchmarks"))
     args = parser.parse_args(argv)
-    if args.profile_calls < 0 or args.top < 1:
-        parser.error("--profile-calls must be >= 0 and --top >= 1")
+    if min(args.profile_calls, args.torch_profile_calls) < 0 or args.top < 1:
+        parser.error("--profile-calls and --torch-profile-calls must be >= 0, --top >= 1")
     return args
 
 
@@ -62,6 +68,18 @@ def profile(fn, calls: int, top: int) -> str:
     text = io.StringIO()
     pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(top)
     return text.getvalue()
+
+
+def torch_profile(fn, calls: int, top: int) -> list[dict]:
+    """The ``top`` CPU events of ``calls`` calls of ``fn`` by self time,
+    each as {name, calls, self_us, total_us} per call of ``fn``."""
+    fn()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        for _ in range(calls):
+            fn()
+    events = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
+    return [dict(name=e.key, calls=e.count / calls, self_us=e.self_cpu_time_total / calls,
+                 total_us=e.cpu_time_total / calls) for e in events[:top]]
 
 
 def main(argv=None) -> int:
@@ -83,6 +101,15 @@ def main(argv=None) -> int:
                                     for p in _PROFILED}
                 for piece, text in cell["profiles"].items():
                     print(f"\n{name} {dname}: cProfile of {args.profile_calls} x {piece}\n{text}")
+            if args.torch_profile_calls:
+                rows = torch_profile(pieces(inputs)["op forward + autograd.grad"],
+                                     args.torch_profile_calls, args.top)
+                cell["torch_profile"] = rows
+                print(f"\n{name} {dname}: torch.profiler, per forward + backward "
+                      f"({args.torch_profile_calls} calls)")
+                for row in rows:
+                    print(f"  {row['name'][:48]:48s} {row['calls']:5.1f} x  self {row['self_us']:8.1f}"
+                          f" us  total {row['total_us']:8.1f} us")
             cells.append(cell)
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / f"{slug(device_name(device))}-host-breakdown.json"
