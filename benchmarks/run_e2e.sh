@@ -23,7 +23,8 @@
 #          once (round-robin over the GPUs; on one GPU they share it): AP
 #          against seed-to-seed noise.
 # ap:      seeds' runs on session 5's schedule, the one that reached AP 85 in
-#          fp32 (benchmarks/e2e/ap_b16): 16 images a step with msda_mm's
+#          fp32 (benchmarks/e2e/ap_b16; since session 9 with the configs'
+#          LR warmup, E2E_WARMUP=0 for session 5's): 16 images a step with msda_mm's
 #          BatchedMatchingDINOHead and fused AdamW (the host cut: ~0.33 s a
 #          step in bf16, 0.41 in fp32), E2E_EPOCHS (default 16) epochs of 63
 #          steps, evaluated every 4, LR drop 2 epochs before the end; seed
@@ -37,7 +38,8 @@
 #          every variant of E2E_VARIANTS (default: bf16, fp32, bf16_noscale
 #          and the KEEP_FP32 ones) at once: which part of bf16 AMP makes its
 #          loss lag fp32's from the first steps (every bf16 run of ap_b16
-#          did, in its first 50).
+#          did, in its first 50; session 7's runs had no warmup:
+#          E2E_WARMUP=0 to compare with them).
 # ddp:     (2 GPUs) the multi-GPU op test; the synthetic bf16 training through
 #          tools/dist_train.sh on 2 GPUs (2 x 4 images a step), then the same
 #          schedule on one GPU (8 images a step) once per GPU, seeds 0 and 1
@@ -164,7 +166,8 @@ if [[ $PART == ddp ]] && ((${#GPUS[@]} < 2)); then
     echo "$0: the ddp part needs 2 GPUs, found ${#GPUS[@]}" >&2
     exit 2
 fi
-[[ -z ${E2E_WARMUP+set} || $E2E_WARMUP =~ ^(0|[1-9][0-9]*)$ ]] ||  # no leading 0: bash would read octal
+# No leading 0 (bash would read octal), at most 9 digits (bash's integers).
+[[ -z ${E2E_WARMUP+set} || $E2E_WARMUP =~ ^(0|[1-9][0-9]{0,8})$ ]] ||
     { echo "$0: E2E_WARMUP must be a number of steps, got '$E2E_WARMUP'" >&2; exit 2; }
 rm -rf "$RES" && mkdir -p "$RES/logs" && : > "$SUMMARY"
 # E2E_WARMUP=N: both synthetic configs, as derived ones under $RES/configs,

@@ -115,6 +115,9 @@ def test_amp_part_runs_the_first_epochs_of_the_ap_schedule(tmp_path):
     # The cut comes after the schedule's own max_epochs, so it wins.
     assert fp32.index("train_cfg.max_epochs=2") < fp32.index("train_cfg.max_epochs=3"), summary
     assert "SelectiveAmpOptimWrapper" not in fp32, summary
+    # E2E_WARMUP unset: the config itself (its own schedule), none derived.
+    assert "tools/train.py configs/synthetic/dino_tiny_cpu.py " in fp32, summary
+    assert not (ROOT / "work_dirs/e2e/amp/configs").exists()
     assert ("optim_wrapper.type=SelectiveAmpOptimWrapper optim_wrapper.fp32_modules=[bbox_head]"
             in head), summary
     log = (ROOT / "work_dirs/e2e/amp/logs/train_bf16_fp32head_seed0.log").read_text()
@@ -139,7 +142,7 @@ def test_warmup_derives_configs_with_that_warmup(steps, tmp_path):
         [("LinearLR", False, 3)] if steps == "3" else [])
 
 
-@pytest.mark.parametrize("warmup", ["200 steps", "010", "-5", ""])
+@pytest.mark.parametrize("warmup", ["200 steps", "010", "-5", "", "1234567890"])
 def test_bad_warmup_is_refused(warmup, tmp_path):
     run = _run("amp", tmp_path, timeout=60, E2E_WARMUP=warmup)
     assert run.returncode == 2 and "E2E_WARMUP must be a number of steps" in run.stderr

@@ -33,6 +33,7 @@ from msda_mm.bench.inputs import make_inputs  # noqa: E402
 from msda_mm.bench.presets import PRESETS  # noqa: E402
 from msda_mm.bench.report import device_name, environment, slug, write_json  # noqa: E402
 from msda_mm.bench.run import DTYPES  # noqa: E402
+from msda_mm.ops import launch  # noqa: E402
 
 _PROFILED = ("launch.msda_forward", "launch.msda_backward")
 
@@ -54,6 +55,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if min(args.profile_calls, args.torch_profile_calls) < 0 or args.top < 1:
         parser.error("--profile-calls and --torch-profile-calls must be >= 0, --top >= 1")
+    if args.device == "cpu" and not launch.interpreter_enabled():
+        # The op would run the PyTorch reference and the launchers fail.
+        parser.error("--device cpu needs TRITON_INTERPRET=1 (the kernels in Triton's "
+                     "interpreter)")
     return args
 
 
@@ -70,11 +75,16 @@ def profile(fn, calls: int, top: int) -> str:
     return text.getvalue()
 
 
-def torch_profile(fn, calls: int, top: int) -> list[dict]:
-    """The ``top`` CPU events of ``calls`` calls of ``fn`` by self time,
-    each as {name, calls, self_us, total_us} per call of ``fn``."""
+def torch_profile(fn, calls: int, top: int, device: torch.device) -> list[dict]:
+    """The ``top`` host events of ``calls`` calls of ``fn`` by self time,
+    each as {name, calls, self_us, total_us} per call of ``fn``.  On CUDA
+    with the CUDA activity too, so that the runtime's and driver's launch
+    calls are events of their own, not self time of the op around them."""
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
     fn()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+    with torch.profiler.profile(activities=activities) as prof:
         for _ in range(calls):
             fn()
     events = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
@@ -103,7 +113,7 @@ def main(argv=None) -> int:
                     print(f"\n{name} {dname}: cProfile of {args.profile_calls} x {piece}\n{text}")
             if args.torch_profile_calls:
                 rows = torch_profile(pieces(inputs)["op forward + autograd.grad"],
-                                     args.torch_profile_calls, args.top)
+                                     args.torch_profile_calls, args.top, device)
                 cell["torch_profile"] = rows
                 print(f"\n{name} {dname}: torch.profiler, per forward + backward "
                       f"({args.torch_profile_calls} calls)")

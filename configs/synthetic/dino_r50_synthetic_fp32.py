@@ -57,8 +57,8 @@ max_epochs = 6
 train_cfg = dict(max_epochs=max_epochs, val_interval=3)
 # A linear LR warmup over the first 200 steps beside the MultiStepLR (mmengine
 # chains the two).  From random weights at lr 2e-4 without it, DINO's loss
-# stalled on a plateau (AP < 1) in about half the runs of either precision
-# (fp32 4 of 5 and bf16 AMP 1 of 4 learning by step 500, 16 images a step);
+# stalled on a plateau (AP < 1) or left it late in 1 of 5 fp32 and 3 of 4
+# bf16 AMP runs (16 images a step, learning by step 500 or not);
 # with it, all four runs of two seeds learned, bf16 AMP 80.8 / 81.7 AP
 # against fp32 81.4 / 80.2 (benchmarks/e2e/ap_b16/warmup200_s9).
 param_scheduler = [
