@@ -100,19 +100,19 @@ def main(argv=None) -> int:
         host = make_inputs(PRESETS[name], "uniform", seed=0)
         for dname in args.dtypes:
             inputs = host.to(device, DTYPES[dname])
-            times = host_breakdown(inputs, args.budget_ms)
+            calls = pieces(inputs)
+            times = host_breakdown(inputs, calls, args.budget_ms)
             print(f"\n{name} {dname}: host us per call")
             for piece, us in times.items():
                 print(f"  {piece:34s} {us:9.1f}")
             cell = dict(preset=name, dtype=dname, host_us=times)
             if args.profile_calls:
-                calls = pieces(inputs)
                 cell["profiles"] = {p: profile(calls[p], args.profile_calls, args.top)
                                     for p in _PROFILED}
                 for piece, text in cell["profiles"].items():
                     print(f"\n{name} {dname}: cProfile of {args.profile_calls} x {piece}\n{text}")
             if args.torch_profile_calls:
-                rows = torch_profile(pieces(inputs)["op forward + autograd.grad"],
+                rows = torch_profile(calls["op forward + autograd.grad"],
                                      args.torch_profile_calls, args.top, device)
                 cell["torch_profile"] = rows
                 print(f"\n{name} {dname}: torch.profiler, per forward + backward "

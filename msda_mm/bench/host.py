@@ -47,15 +47,6 @@ class _TimesTwo(torch.autograd.Function):
         return grad * 2
 
 
-def python_function_floor_us(device: torch.device, budget_ms: float):
-    """Host us of _TimesTwo and its autograd.grad, beside autograd_floor_us's
-    native ``x * 2``: what a Python backward adds to any eager op.  None on CPU."""
-    x = torch.zeros(4, 300, 256, device=device, requires_grad=True)
-    grad = torch.ones_like(x)
-    return eager_times_us(lambda: torch.autograd.grad(_TimesTwo.apply(x), x, grad), device,
-                          budget_ms)[1]
-
-
 class _NoLaunch:
     """Stands in for a Triton kernel: ``kernel[grid](*args, **meta)`` does nothing."""
 
@@ -110,16 +101,20 @@ def pieces(inputs: MSDAInputs) -> dict[str, Callable[[], object]]:
     }
 
 
-def host_breakdown(inputs: MSDAInputs, budget_ms: float) -> dict[str, float]:
-    """{piece: host us}, plus the autograd floor of this machine."""
+def host_breakdown(inputs: MSDAInputs, calls: dict[str, Callable[[], object]],
+                   budget_ms: float) -> dict[str, float]:
+    """{piece: host us} of ``calls`` (``pieces(inputs)``), plus the autograd
+    floor of this machine."""
     device = inputs.value.device
     times = {}
-    for name, fn in pieces(inputs).items():
+    for name, fn in calls.items():
         with no_launches() if name.endswith(NO_LAUNCH) else contextlib.nullcontext():
             wall, host = eager_times_us(fn, device, budget_ms)
         times[name] = wall if host is None else host
     floor = autograd_floor_us(device, budget_ms)
     if floor is not None:
         times["floor: x * 2 + autograd.grad"] = floor
-        times["floor, backward in Python"] = python_function_floor_us(device, budget_ms)
+        # What a Python backward adds to any eager op.
+        times["floor, backward in Python"] = autograd_floor_us(device, budget_ms,
+                                                               _TimesTwo.apply)
     return times

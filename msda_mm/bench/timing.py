@@ -177,11 +177,14 @@ def peak_memory_mb(device: torch.device, *steps: Callable[[], None]) -> list[flo
     return peaks
 
 
-def autograd_floor_us(device: torch.device, budget_ms: float) -> Optional[float]:
+def autograd_floor_us(device: torch.device, budget_ms: float,
+                      op: Callable[[torch.Tensor], torch.Tensor] = lambda x: x * 2
+                      ) -> Optional[float]:
     """Host time (us) of the cheapest differentiable call there is, ``x * 2``
     and its autograd.grad (one kernel each way): what any eager op pays on
     this machine before doing anything, the yardstick for host_fwdbwd_us.
-    None on CPU."""
+    ``op``: the same call written otherwise (msda_mm/bench/host.py: as an
+    autograd.Function).  None on CPU."""
     x = torch.zeros(4, 300, 256, device=device, requires_grad=True)
     grad = torch.ones_like(x)
-    return eager_times_us(lambda: torch.autograd.grad(x * 2, x, grad), device, budget_ms)[1]
+    return eager_times_us(lambda: torch.autograd.grad(op(x), x, grad), device, budget_ms)[1]
