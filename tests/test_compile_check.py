@@ -74,6 +74,15 @@ def test_native_bf16_on_sm90_is_a_vector_red(rows):
     assert row["sass_atomics"] and all(".ADD.BF16x" in op for op in row["sass_atomics"]), row
 
 
+@pytest.mark.parametrize("arch", [80, 90])
+def test_backward_waits_for_the_fill_only_where_pdl_exists(rows, arch):
+    # Programmatic dependent launch is sm_90+: there the backward starts
+    # during grad_value's fill and waits for it once, before its atomics;
+    # an sm_80 build must not contain the instruction at all.
+    for fp32_accum in (True, False):
+        assert rows[arch, fp32_accum]["pdl_waits"] == (1 if arch >= 90 else 0), rows[arch, fp32_accum]
+
+
 def test_wide_heads_do_not_spill(tmp_path):
     # D = 256 (one head of 256): one warp per program held 4 x 16 x 256
     # corner values and spilled (14 registers native, 236 with fp32

@@ -25,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from msda_mm.ops import compile_check as cc  # noqa: E402
 
 BWD_COLUMNS = ("arch", "dtype", "head_dim", "accum", "ptx_atomics", "sass_atomics", "cas_loop",
+               "pdl_waits",
                "regs", "spill_stores", "spill_loads", "seconds")
 FWD_COLUMNS = ("arch", "dtype", "head_dim", "ptx_loads", "sass_loads", "regs", "spill_stores",
                "spill_loads", "seconds")

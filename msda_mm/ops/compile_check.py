@@ -53,6 +53,9 @@ _SASS_LOAD = re.compile(r"\b(LDG\.[\w.]+)")
 # The kernels keep no arrays in local memory, so any STL/LDL is a spill.
 _SASS_SPILL = re.compile(r"\b(STL|LDL)\b")
 _SASS_REGS = re.compile(r"\bREG:(\d+)")
+# The backward waits for the fill before its atomics where it is launched
+# with programmatic dependent launch (sm_90+).
+_PTX_PDL_WAIT = re.compile(_PTX_OP.format(r"griddepcontrol") + r"\b", re.M)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,7 +137,10 @@ def _recorded_launch(v: Variant):
               empty(B, Q, M, L, K, 2), empty(B, Q, M, L, K))
     name = f"msda_{v.kernel}_kernel"
     recorder = _Recorder(getattr(launch, name))
-    with mock.patch.object(launch, name, recorder):
+    # As on a GPU of this arch: PDL from sm_90 on, behind the fill kernel.
+    with mock.patch.object(launch, name, recorder), \
+            mock.patch.object(launch, "pdl_available", lambda device: v.arch >= 90), \
+            mock.patch.object(launch, "fill_zeros", lambda t, pdl=False: pdl):
         if v.kernel.startswith("fwd"):
             launch.msda_forward(*inputs)
         else:
@@ -186,6 +192,7 @@ def analyse(ptx: str, sass: str) -> dict:
         cas_loop=any(".cas" in op.lower() for ops in atomics for op in ops),
         ptx_loads=_count(_PTX_LOAD, ptx), sass_loads=_count(_SASS_LOAD, sass),
         regs=int(_SASS_REGS.search(sass).group(1)),
+        pdl_waits=sum(op == "griddepcontrol.wait" for op in _PTX_PDL_WAIT.findall(ptx)),
         spill_stores=spills.get("STL", 0), spill_loads=spills.get("LDL", 0),
     )
 

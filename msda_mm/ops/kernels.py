@@ -25,6 +25,7 @@ pixel coordinate ``x * W - 0.5``, corners outside the level read as zero.
 """
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 
 @triton.jit
@@ -302,7 +303,7 @@ def msda_bwd_kernel(
     stride_glb, stride_glq, stride_glm, stride_gll, stride_glk, stride_glc,
     stride_gab, stride_gaq, stride_gam, stride_gal, stride_gak,
     L: tl.constexpr, K: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_P: tl.constexpr,
-    BLOCK_D: tl.constexpr, ACC: tl.constexpr,
+    BLOCK_D: tl.constexpr, ACC: tl.constexpr, PDL: tl.constexpr,
 ):
     """All three gradients of msda_fwd_kernel, same tiling and grid.
 
@@ -310,6 +311,10 @@ def msda_bwd_kernel(
     along D, accumulated with relaxed atomics (its dtype decides the atomic:
     value's own, or fp32 scratch); grad_loc (B, Q, M, L, K, 2) and
     grad_attn (B, Q, M, L, K) are written once per element.
+
+    PDL (sm_90+, launched with launch_pdl right after zero_fill_kernel with
+    PDL): the gathers and the grad_loc / grad_attn stores run while
+    grad_value is still being zeroed; the atomics wait for the fill.
     """
     b, m, q, qmask, offs_d, dmask = _program_tile(Q, D, BLOCK_Q, BLOCK_D)
     dm = dmask[None, None, :]
@@ -348,9 +353,28 @@ def msda_bwd_kernel(
 
         c00, c01, c10, c11 = _corner_weights(w, lx, ly)
         g00, g10 = _corner_rows(gv_base, i00, W, stride_gvs, offs_d, 1)
+        if PDL:
+            # grad_value's zeros (the kernel before this one) must be in place.
+            gdc_wait()
         tl.atomic_add(g00, (c00 * go).to(gv_ty), mask=m00[:, :, None] & dm, sem="relaxed")
         tl.atomic_add(g00 + stride_gvs, (c01 * go).to(gv_ty), mask=m01[:, :, None] & dm,
                       sem="relaxed")
         tl.atomic_add(g10, (c10 * go).to(gv_ty), mask=m10[:, :, None] & dm, sem="relaxed")
         tl.atomic_add(g10 + stride_gvs, (c11 * go).to(gv_ty), mask=m11[:, :, None] & dm,
                       sem="relaxed")
+
+
+@triton.jit
+def zero_fill_kernel(ptr, N, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    """ptr[0:N] = 0: a grid-stride loop over BLOCK-element blocks, so that a
+    grid of a few programs per SM is resident at once.
+
+    PDL: let the next kernel launch (msda_bwd_kernel with PDL) before the
+    first store; that kernel's gdc_wait still waits for this whole grid.
+    """
+    if PDL:
+        gdc_launch_dependents()
+    offs = tl.arange(0, BLOCK)
+    zeros = tl.zeros([BLOCK], dtype=ptr.dtype.element_ty)
+    for start in range(tl.program_id(0).to(tl.int64) * BLOCK, N, tl.num_programs(0) * BLOCK):
+        tl.store(ptr + start + offs, zeros, mask=start + offs < N)

@@ -8,7 +8,7 @@ import os
 import torch
 import triton.language as tl
 
-from .kernels import msda_bwd_kernel, msda_fwd_kernel, msda_fwd_pairs_kernel
+from .kernels import msda_bwd_kernel, msda_fwd_kernel, msda_fwd_pairs_kernel, zero_fill_kernel
 
 
 def interpreter_enabled() -> bool:
@@ -179,18 +179,63 @@ def msda_forward(value, spatial_shapes, level_start_index, sampling_locations,
     return out.view(B, Q, M * D)
 
 
+# zero_fill_kernel: BLOCK int32 words a program per step, at most
+# _FILL_PROGRAMS_PER_SM programs per SM, so that all are resident at once
+# and the backward launches as soon as each has started.  On the H200
+# (session 10, 8 tiles; graph us of the backward behind it, uniform, bf16
+# decoder / dino_decoder): this one 38.5 / 74.8 against 41.2 / 78.0 for
+# PyTorch's fill without PDL and 40.8 / 77.2 with PDL (which then overlaps
+# only the fill's tail); fp32 68.8 / 127.9 against 69.4 / 127.2 and 68.6 /
+# 127.0.  Alone it writes 4.1-4.3 TB/s against PyTorch's 4.3-4.5
+# (benchmarks/nvidia-h200-fill-pdl-s10.json).
+_FILL = dict(BLOCK=4096, num_warps=4)
+_FILL_PROGRAMS_PER_SM = 4
+
+
+def pdl_available(device: torch.device) -> bool:
+    """Programmatic dependent launch (a kernel starting before the one before
+    it has finished): CUDA devices of compute capability >= 9.0."""
+    return device.type == "cuda" and torch.cuda.get_device_capability(device) >= (9, 0)
+
+
+def fill_zeros(t: torch.Tensor, pdl: bool = False) -> bool:
+    """Zero the contiguous tensor ``t`` in place.  Returns whether the next
+    kernel may be launched with PDL (``pdl`` asked for on CUDA, and ``t``
+    zeroed by zero_fill_kernel, which lets that kernel start early).
+
+    zero_fill_kernel takes buffers of whole 4-byte words, as int32 words,
+    where PDL is asked for, and in the interpreter (so that the CPU tests run
+    the kernel sm_90 runs).  Everything else goes through PyTorch's fill,
+    16-bit buffers of even size as int32 words too: PyTorch wrote 16-bit
+    zeros at 3.2 TB/s on the H200 against 4.5 TB/s for fp32 (grad_value of
+    the decoder preset, 45.5 MB bf16 in 14.4 us, 91 MB fp32 in 20.1 us:
+    benchmarks/nvidia-h200-gather-ceiling.json; as words 10.6 us:
+    nvidia-h200-gather-ceiling-fill-s8.json).
+    """
+    flat = t.view(-1)
+    whole_words = flat.numel() > 0 and flat.numel() * t.element_size() % 4 == 0
+    pdl = pdl and t.is_cuda
+    if not whole_words or not (pdl or interpreter_enabled()):
+        if t.element_size() == 2 and flat.numel() % 2 == 0:
+            flat = flat.view(torch.int32)
+        flat.zero_()
+        return False
+    words = flat.view(torch.int32)
+    n = words.numel()
+    blocks = -(-n // _FILL["BLOCK"])
+    # The interpreter has no SMs to fill; two programs still take the
+    # grid-stride loop through more than one step.
+    resident = (torch.cuda.get_device_properties(t.device).multi_processor_count
+                * _FILL_PROGRAMS_PER_SM if t.is_cuda else 2)
+    with _device_guard(t):
+        zero_fill_kernel[(min(blocks, resident),)](words, n, PDL=pdl, **_FILL)
+    return pdl
+
+
 def zeroed(shape, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """torch.zeros, with a 16-bit buffer of even size zeroed as 32-bit words:
-    PyTorch's fill wrote 16-bit zeros at 3.2 TB/s on the H200 against 4.5
-    TB/s for fp32 (grad_value of the decoder preset, 45.5 MB bf16 in 14.4
-    us, 91 MB fp32 in 20.1 us: benchmarks/nvidia-h200-gather-ceiling.json;
-    this way 10.6 us: nvidia-h200-gather-ceiling-fill-s8.json), and the
-    fill is part of every backward."""
+    """torch.zeros through the backward's own fill (for the benchmark tools)."""
     out = torch.empty(shape, dtype=dtype, device=device)
-    flat = out.view(-1)
-    if out.element_size() == 2 and flat.numel() % 2 == 0:
-        flat = flat.view(torch.int32)
-    flat.zero_()
+    fill_zeros(out, pdl=pdl_available(out.device))
     return out
 
 
@@ -206,10 +251,13 @@ def msda_backward(grad_output, value, spatial_shapes, level_start_index, samplin
     _, Q, _, L, K, _ = sampling_locations.shape
     grad_loc = sampling_locations.new_empty(sampling_locations.shape)
     grad_attn = attention_weights.new_empty(attention_weights.shape)
-    accum_dtype = torch.float32 if fp32_grad_accum else value.dtype
-    grad_value = zeroed(value.shape, accum_dtype, value.device)
+    grad_value = torch.empty(value.shape, device=value.device,
+                             dtype=torch.float32 if fp32_grad_accum else value.dtype)
     go = grad_output.unflatten(-1, (M, D))  # a view for any strides
     tile = _tile("bwd", value, L * K, B * Q * M)
+    # The fill must be the kernel right before the backward: with PDL the
+    # backward starts while the fill runs, and only its atomics wait for it.
+    pdl = fill_zeros(grad_value, pdl=pdl_available(value.device))
     with _device_guard(value):
         msda_bwd_kernel[_grid(value, Q, tile["BLOCK_Q"])](
             go, value, spatial_shapes, level_start_index, sampling_locations, attention_weights,
@@ -218,6 +266,7 @@ def msda_backward(grad_output, value, spatial_shapes, level_start_index, samplin
             *go.stride(), *value.stride(), *sampling_locations.stride(),
             *attention_weights.stride(),
             *grad_value.stride()[:3], *grad_loc.stride(), *grad_attn.stride(),
-            L=L, K=K, ACC=_acc_dtype(value, sampling_locations, attention_weights), **tile,
+            L=L, K=K, ACC=_acc_dtype(value, sampling_locations, attention_weights), PDL=pdl,
+            launch_pdl=pdl, **tile,
         )
     return grad_value.to(value.dtype), grad_loc, grad_attn

@@ -1,4 +1,5 @@
 """The launcher's choice of kernel and tile for a call's shapes and dtypes."""
+import pytest
 import torch
 
 from msda_mm.ops import launch
@@ -33,21 +34,47 @@ def test_pairs_kernel_only_where_it_applies():
             assert tile() is None
 
 
-def test_grad_value_buffer_is_zeroed_as_words_where_it_can_be(monkeypatch):
-    # 16-bit buffers of even size are zeroed through an int32 view (PyTorch's
-    # 16-bit fill is slower per byte on the H200); odd sizes and other
-    # dtypes through their own.  Either way every byte is 0, also where the
-    # allocation held garbage (here: 0xff everywhere).
-    seen = []
-    empty, zero_ = torch.empty, torch.Tensor.zero_
-    monkeypatch.setattr(torch, "empty", lambda *a, **k: empty(*a, **k).view(-1).view(
-        torch.uint8).fill_(255).view(k["dtype"]).view(a[0]))
-    monkeypatch.setattr(torch.Tensor, "zero_", lambda t: seen.append(t.dtype) or zero_(t))
-    for dtype, shape, via in [(torch.bfloat16, (2, 3, 4, 6), torch.int32),
-                              (torch.float16, (1, 3, 1, 5), torch.float16),  # 15 elements
-                              (torch.float32, (2, 3, 4, 6), torch.float32)]:
-        seen.clear()
-        out = launch.zeroed(shape, dtype, torch.device("cpu"))
-        assert out.shape == shape and out.dtype == dtype and out.is_contiguous()
-        assert seen == [via]
-        assert not out.view(-1).view(torch.uint8).any()
+@pytest.mark.parametrize("dtype, numel, kernel", [
+    (torch.bfloat16, 2 * (3 * 4096 + 5), True),   # 12293 words: 4 steps of 2 programs, a tail
+    (torch.float16, 15, False),                   # an odd number of 16-bit elements
+    (torch.float32, 2048, True),                  # one block exactly
+    (torch.float64, 3, True),                     # 6 words
+    (torch.bfloat16, 0, False),                   # nothing to fill, nothing launched
+])
+def test_fill_zeros_zeroes_every_byte(monkeypatch, dtype, numel, kernel):
+    # Whole 4-byte words are zeroed by zero_fill_kernel (here in the
+    # interpreter, two programs taking the grid-stride loop), the rest by
+    # torch; either way every byte is 0, also where the buffer held garbage.
+    launches = []
+    real = launch.zero_fill_kernel
+    monkeypatch.setattr(launch, "zero_fill_kernel", type("Spy", (), {
+        "__getitem__": lambda self, grid: launches.append(grid) or real[grid]})())
+    t = torch.empty(numel, dtype=dtype)
+    t.view(torch.uint8).fill_(255)
+    assert launch.fill_zeros(t, pdl=True) is False  # no PDL without CUDA
+    assert not t.view(torch.uint8).any()
+    assert len(launches) == int(kernel)
+
+
+@pytest.mark.parametrize("capable, filled_with_pdl", [(True, True), (True, False), (False, False)])
+def test_backward_uses_pdl_only_behind_a_fill_that_armed_it(monkeypatch, capable, filled_with_pdl):
+    # With PDL the backward starts before the kernel in front of it has
+    # finished: safe only if that kernel is grad_value's fill (whose own
+    # predecessors have finished), so the backward takes PDL exactly when
+    # fill_zeros says it armed it.
+    calls = []
+    monkeypatch.setattr(launch, "pdl_available", lambda device: capable)
+    monkeypatch.setattr(launch, "fill_zeros",
+                        lambda t, pdl=False: calls.append(("fill", pdl)) or filled_with_pdl)
+    monkeypatch.setattr(launch, "msda_bwd_kernel", type("Rec", (), {
+        "__getitem__": lambda self, grid: lambda *a, **k: calls.append(
+            ("bwd", k["PDL"], k["launch_pdl"]))})())
+    B, S, Q, M, L, K, D = 1, 5, 2, 2, 1, 2, 8
+
+    def meta(*shape):
+        return torch.empty(shape, device="meta")
+
+    launch.msda_backward(meta(B, Q, M * D), meta(B, S, M, D),
+                         torch.tensor([[1, 5]]), torch.tensor([0]),
+                         meta(B, Q, M, L, K, 2), meta(B, Q, M, L, K), False)
+    assert calls == [("fill", capable), ("bwd", filled_with_pdl, filled_with_pdl)]
