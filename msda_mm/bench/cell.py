@@ -40,6 +40,10 @@ METHOD = {
                                     "device synchronised before, synchronised after",
     "host_fwd_us/host_fwdbwd_us": "median CPU time until the call returns, on an idle device "
                                   "(Python, dispatch, autograd and launches)",
+    "host_fwdbwd_caller_us": "host_fwdbwd_us with the backward on the calling thread "
+                             "(torch.autograd.set_multithreading_enabled(False), as "
+                             "BackwardOnCallerThreadHook sets it) instead of autograd's device "
+                             "thread",
     "peak_fwd_mb/peak_bwd_mb": "peak torch.cuda.max_memory_allocated during the forward / "
                                "backward minus what was allocated before the forward "
                                "(inputs and grad_output)",
@@ -117,6 +121,8 @@ def measure(record: dict, fn: MSDAFn, inputs: MSDAInputs, reference: Optional[tu
     record["eager_fwd_us"], record["host_fwd_us"] = eager_times_us(forward, device, budget_ms)
     record["eager_fwdbwd_us"], record["host_fwdbwd_us"] = eager_times_us(
         forward_backward, device, budget_ms)
+    with torch.autograd.set_multithreading_enabled(False):
+        record["host_fwdbwd_caller_us"] = eager_times_us(forward_backward, device, budget_ms)[1]
     if device.type == "cuda":
         fwd, fwd_warm = graph_times_us(forward, device, budget_ms)
         fwdbwd, fwdbwd_warm = graph_times_us(forward_backward, device, budget_ms)

@@ -5,10 +5,11 @@ box, whose cheapest differentiable op, ``x * 2`` and its grad, already
 costs 205 us).  These pieces split it: the op through autograd, the two
 allocating launchers called directly, the same launchers with their Triton
 launch replaced by nothing (so the launch's own cost is the difference),
-the input checks, the grad_value fill and one bare allocation; on CUDA
-also the floor, and the floor's op written as an autograd.Function (a
-Python backward, as the op's).  Each is the
-median CPU time until the call returns, on an idle device, timed as
+the input checks, the grad_value fill and one bare allocation; the op
+with its backward on the calling thread (a CUDA backward runs on
+autograd's device thread by default); on CUDA also the floor, and the
+floor's op written as an autograd.Function (a Python backward, as the
+op's).  Each is the median CPU time until the call returns, on an idle device, timed as
 ``eager_times_us`` times (on CPU, where nothing is asynchronous, the wall
 time).
 """
@@ -80,6 +81,13 @@ def pieces(inputs: MSDAInputs) -> dict[str, Callable[[], object]]:
         return launch.msda_forward(x.value, x.spatial_shapes, x.level_start_index,
                                    x.sampling_locations, x.attention_weights)
 
+    def op_grad():
+        return torch.autograd.grad(op(), (value, loc, attn), x.grad_output)
+
+    def op_grad_on_caller_thread():
+        with torch.autograd.set_multithreading_enabled(False):
+            return op_grad()
+
     def backward():
         return launch.msda_backward(x.grad_output, x.value, x.spatial_shapes,
                                     x.level_start_index, x.sampling_locations,
@@ -87,8 +95,8 @@ def pieces(inputs: MSDAInputs) -> dict[str, Callable[[], object]]:
 
     return {
         "op forward": op,
-        "op forward + autograd.grad": lambda: torch.autograd.grad(op(), (value, loc, attn),
-                                                                  x.grad_output),
+        "op forward + autograd.grad": op_grad,
+        "op forward + autograd.grad, backward on the calling thread": op_grad_on_caller_thread,
         "launch.msda_forward": forward,
         "launch.msda_forward" + NO_LAUNCH: forward,
         "launch.msda_backward": backward,

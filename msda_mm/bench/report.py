@@ -68,6 +68,7 @@ _COLUMNS = (
     ("warm fwd", "fwd_warm_us", _num(".1f")), ("warm bwd", "bwd_warm_us", _num(".1f")),
     ("kern fwd", "fwd_kernel_us", _num(".1f")), ("kern bwd", "bwd_kernel_us", _num(".1f")),
     ("eager f+b us", "eager_fwdbwd_us", _num(".1f")), ("host us", "host_fwdbwd_us", _num(".1f")),
+    ("host caller", "host_fwdbwd_caller_us", _num(".1f")),
     ("peak MB", "peak_mb", _num(".1f")), ("max err", "max_err", _num(".1e")),
     ("GB/s", "gather_gbps", _num(".0f")), ("target", "target_ok", _TARGET.get),
 )

@@ -29,7 +29,7 @@ from triton.compiler import ASTSource, make_backend
 from triton.runtime.jit import JITFunction, create_function_from_signature
 
 from ..bench.presets import PRESETS
-from . import launch
+from . import kernels, launch
 from .msda import resolve_fp32_grad_accum
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -136,7 +136,7 @@ def _recorded_launch(v: Variant):
     inputs = (empty(B, S, M, D), empty(L, 2, dtype=torch.int64), empty(L, dtype=torch.int64),
               empty(B, Q, M, L, K, 2), empty(B, Q, M, L, K))
     name = f"msda_{v.kernel}_kernel"
-    recorder = _Recorder(getattr(launch, name))
+    recorder = _Recorder(getattr(kernels, name))
     # As on a GPU of this arch: PDL from sm_90 on, behind the fill kernel.
     with mock.patch.object(launch, name, recorder), \
             mock.patch.object(launch, "pdl_available", lambda device: v.arch >= 90), \

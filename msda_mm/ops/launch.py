@@ -8,7 +8,15 @@ import os
 import torch
 import triton.language as tl
 
-from .kernels import msda_bwd_kernel, msda_fwd_kernel, msda_fwd_pairs_kernel, zero_fill_kernel
+from . import kernels
+from .fast_launch import FastLaunch
+
+# The kernels as this module launches them: through FastLaunch (repeat
+# launches skip Triton's argument binding; see fast_launch.py).
+msda_fwd_kernel = FastLaunch(kernels.msda_fwd_kernel)
+msda_fwd_pairs_kernel = FastLaunch(kernels.msda_fwd_pairs_kernel)
+msda_bwd_kernel = FastLaunch(kernels.msda_bwd_kernel)
+zero_fill_kernel = FastLaunch(kernels.zero_fill_kernel)
 
 
 def interpreter_enabled() -> bool:

@@ -1,0 +1,67 @@
+"""Triton launches without Triton's per-launch argument binding.
+
+``JITFunction.run`` binds and specialises every argument on every launch
+(the backward's 45 arguments: 23 ``native_specialize_impl`` calls, a cache
+key, a check of the kernel's globals) before it reaches the compiled
+kernel's launcher: on the H200 box that was about half of each launcher's
+host time (cProfile, benchmarks/nvidia-h200-host-breakdown-s9.log and
+nvidia-h200-host-thread-s10.log).  ``FastLaunch`` keeps the compiled kernel
+that a first, ordinary launch returns, under a key that holds everything
+Triton specialises on (each tensor's dtype and 16-byte alignment, the exact
+value of every other argument, the constexprs and options, the device), and
+launches it directly through ``CompiledKernel[grid]`` when the key repeats.
+A new key takes the ordinary path, so a shape, stride or alignment never
+seen before compiles (or finds Triton's own cache) as always.  In the
+interpreter (``TRITON_INTERPRET=1``) a launch returns no compiled kernel and
+every launch takes the ordinary path.
+"""
+from __future__ import annotations
+
+import torch
+from triton.compiler import CompiledKernel
+
+# What an ordinary launch must return for it to be kept (a test hook).
+_COMPILED = (CompiledKernel,)
+
+
+def specialisation_key(args: tuple, kwargs: dict) -> tuple:
+    """Everything Triton's launch specialises on, and more: per tensor its
+    device, dtype and whether its data pointer is 16-byte aligned; every
+    other argument's exact value (Triton looks only at some properties of an
+    int, such as being 1 or a multiple of 16: equal values have equal
+    properties whatever the Triton version); then the keyword arguments
+    (constexprs and options) in the order given."""
+    return (tuple((a.get_device(), a.dtype, a.data_ptr() % 16 == 0)
+                  if isinstance(a, torch.Tensor) else a for a in args), tuple(kwargs.items()))
+
+
+class FastLaunch:
+    """``FastLaunch(jit_fn)[grid](*args, **kwargs)`` launches like
+    ``jit_fn[grid](*args, **kwargs)``, on the current device (a launcher's
+    device guard makes it the tensors'); constexprs and options must come as
+    keyword arguments, everything else positionally."""
+
+    # Keys kept per kernel; past this many (shapes that keep changing, such
+    # as an encoder fed ever other image sizes) the cache starts over.
+    MAX_KERNELS = 1024
+
+    def __init__(self, fn):
+        self.fn = fn
+        self._kernels: dict = {}
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: self._launch(grid, args, kwargs)
+
+    def _launch(self, grid, args: tuple, kwargs: dict) -> None:
+        key = specialisation_key(args, kwargs)
+        kernel = self._kernels.get(key)
+        if kernel is None:
+            kernel = self.fn[grid](*args, **kwargs)
+            if isinstance(kernel, _COMPILED):
+                if len(self._kernels) >= self.MAX_KERNELS:
+                    self._kernels.clear()
+                self._kernels[key] = kernel
+            return
+        # The compiled kernel takes every parameter in order, constexprs
+        # included (as JITFunction.run passes them); options are not parameters.
+        kernel[grid](*args, *(kwargs[name] for name in self.fn.arg_names[len(args):]))
