@@ -52,6 +52,12 @@ class FastLaunch:
     def __getitem__(self, grid):
         return lambda *args, **kwargs: self._launch(grid, args, kwargs)
 
+    def full_args(self, args: tuple, kwargs: dict) -> tuple:
+        """Every parameter's value in the kernel's order, constexprs
+        included, as JITFunction.run hands them to the compiled kernel;
+        options (num_warps, launch_pdl) are no parameters."""
+        return (*args, *(kwargs[name] for name in self.fn.arg_names[len(args):]))
+
     def _launch(self, grid, args: tuple, kwargs: dict) -> None:
         key = specialisation_key(args, kwargs)
         kernel = self._kernels.get(key)
@@ -62,6 +68,6 @@ class FastLaunch:
                     self._kernels.clear()
                 self._kernels[key] = kernel
             return
-        # The compiled kernel takes every parameter in order, constexprs
-        # included (as JITFunction.run passes them); options are not parameters.
-        kernel[grid](*args, *(kwargs[name] for name in self.fn.arg_names[len(args):]))
+        # JITFunction.run pads the grid to three dimensions; the compiled
+        # kernel's runner reads grid[0], grid[1] and grid[2].
+        kernel[(*grid, 1, 1)[:3]](*self.full_args(args, kwargs))

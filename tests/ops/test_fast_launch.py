@@ -2,8 +2,16 @@
 every parameter in order; anything Triton specialises on that changes
 takes the ordinary path again (CPU: a stand-in for the compiled kernel, and
 the real kernels in the interpreter, which never return one)."""
+import os
+import subprocess
+import sys
+import types
+from pathlib import Path
+
 import pytest
 import torch
+from triton.compiler import CompiledKernel
+from triton.compiler import compiler as triton_compiler
 
 from msda_mm.ops import fast_launch, kernels, launch
 from msda_mm.ops.fast_launch import FastLaunch, specialisation_key
@@ -43,7 +51,7 @@ def test_a_repeat_launch_passes_every_parameter_in_order(jit_fn):
     fast[(2,)](t, 8, BLOCK=4, PDL=False, num_warps=4)
     fast[(3,)](t, 8, BLOCK=4, PDL=False, num_warps=4)
     assert jit_fn.calls == [("run", (2,), (t, 8), dict(BLOCK=4, PDL=False, num_warps=4)),
-                            ("compiled", (3,), (t, 8, 4, False))]  # options are no parameters
+                            ("compiled", (3, 1, 1), (t, 8, 4, False))]  # options: no parameters
 
 
 @pytest.mark.parametrize("change", ["int", "constexpr", "option", "dtype", "alignment"])
@@ -92,3 +100,60 @@ def test_interpreted_kernels_are_never_kept():
         words.fill_(-1)
     assert fast._kernels == {}
     assert isinstance(launch.msda_bwd_kernel, FastLaunch)
+
+
+def test_triton_compiled_kernels_runner_gets_a_whole_grid(monkeypatch):
+    # Triton's own CompiledKernel.__getitem__ runner (with its launcher and
+    # the driver stood in): it indexes grid[0..2], so a 1-D grid must come
+    # padded, and the launcher gets every parameter after its fixed leading
+    # arguments (grid, stream, function, metadata, launch metadata, hooks).
+    launched = []
+    compiled = CompiledKernel.__new__(CompiledKernel)
+    compiled._run, compiled.function, compiled.packed_metadata = (
+        lambda *a: launched.append(a), "function", "metadata")
+    monkeypatch.setattr(CompiledKernel, "_init_handles", lambda self: None)
+    monkeypatch.setattr(triton_compiler.knobs.runtime, "launch_enter_hook", None)
+    monkeypatch.setattr(triton_compiler, "driver", types.SimpleNamespace(active=types.SimpleNamespace(
+        get_current_device=lambda: 0, get_current_stream=lambda device: "stream")))
+
+    class JitFn(_JitFn):
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: compiled
+
+    fast = FastLaunch(JitFn())
+    t = torch.zeros(8)
+    for _ in range(2):
+        fast[(5,)](t, 8, BLOCK=4, PDL=True, num_warps=4)
+    (call,) = launched
+    assert call[:5] == (5, 1, 1, "stream", "function") and call[-4:] == (t, 8, 4, True)
+
+
+def test_full_args_are_what_triton_binds_for_every_launch(tmp_path):
+    # JITFunction.run hands the compiled kernel every bound parameter in
+    # order; FastLaunch must hand the same for each launch the launcher
+    # makes (recorded on meta tensors, as tools/compile_check.py does).  A
+    # subprocess: the interpreter, on in this process, has no binder.
+    script = """
+import torch
+from triton.backends.compiler import GPUTarget
+from triton.compiler import make_backend
+from triton.runtime.jit import create_function_from_signature
+from msda_mm.ops import compile_check as cc, kernels
+from msda_mm.ops.fast_launch import FastLaunch
+backend = make_backend(GPUTarget("cuda", 90, 32))
+def same(a, b):
+    return a is b if isinstance(a, torch.Tensor) else a == b
+calls = [cc._recorded_launch(v) for v in cc.variants([90], ["bf16", "fp32"], [32])]
+words = torch.empty(10, dtype=torch.int32, device="meta")
+calls.append((kernels.zero_fill_kernel, (words, 10), dict(PDL=True, BLOCK=4096, num_warps=4)))
+for fn, args, kwargs in calls:
+    bound = create_function_from_signature(fn.signature, fn.params, backend)(*args, **kwargs)[0]
+    mine = FastLaunch(fn).full_args(args, kwargs)
+    assert len(mine) == len(bound) and all(map(same, mine, bound.values())), fn
+print(len(calls))
+"""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    run = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True,
+                         timeout=300, cwd=Path(__file__).resolve().parents[2])
+    assert run.returncode == 0, run.stderr
+    assert int(run.stdout) >= 6
