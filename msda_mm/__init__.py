@@ -11,7 +11,7 @@ __all__ = ["multi_scale_deformable_attention", "msda_reference"]
 # installed, so that `custom_imports=['msda_mm']` is all a config needs.
 if importlib.util.find_spec("mmdet") is not None:
     from . import datasets  # noqa: F401  (registers SyntheticShapesDataset)
-    from . import engine  # noqa: F401  (registers its optim wrapper, constructor and hooks)
+    from . import engine  # noqa: F401  (registers its optim wrapper, constructor and hook)
     from .models import TritonMSDeformAttn  # noqa: F401
 
     __all__.append("TritonMSDeformAttn")

@@ -20,8 +20,7 @@ from msda_mm.e2e.profiling import STEP, SYNC_EVENTS, summarise
 ROOT = Path(__file__).resolve().parents[1]
 TOOL = ROOT / "tools" / "profile_step.py"
 CONFIG = str(ROOT / "configs/synthetic/dino_tiny_cpu.py")
-KEYS = {"config", "batch_size", "image_size", "precision", "msda_modules", "step_hooks",
-        "compiled_modules",
+KEYS = {"config", "batch_size", "image_size", "precision", "msda_modules", "compiled_modules",
         "warmup", "iters",
         "profile_iters", "ms_per_iter", "ms_per_iter_median", "images_per_s", "peak_memory_mib",
         "device_ms_per_iter", "msda_ms_per_iter", "msda_share", "cpu_ms_per_iter", "host_top",
@@ -75,25 +74,19 @@ def profile_tool(monkeypatch):
     return runpy.run_path(str(TOOL))
 
 
-def test_the_configs_step_hooks_run_before_the_steps(profile_tool):
+def test_the_configs_compile_hooks_run_before_the_steps(profile_tool):
     # Runner.train() would run them in before_train; the tool runs no loop.
     from mmengine.hooks import Hook
     from torch import nn
 
-    from msda_mm.engine import BackwardOnCallerThreadHook, CompileSubmodulesHook
+    from msda_mm.engine import CompileSubmodulesHook
 
     model = nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2))
     others = Hook()
-    others.before_train = lambda runner: pytest.fail("only the step hooks may run")
-    thread_hook = BackwardOnCallerThreadHook()
+    others.before_train = lambda runner: pytest.fail("only compile hooks may run")
     runner = SimpleNamespace(model=model, hooks=[
-        others, CompileSubmodulesHook(modules=["1"], backend="eager"), thread_hook])
-    try:
-        assert profile_tool["apply_step_hooks"](runner) == (
-            ["CompileSubmodulesHook", "BackwardOnCallerThreadHook"], ["1"])
-        assert not torch._C._is_multithreading_enabled()
-    finally:
-        thread_hook.after_train(runner)
+        others, CompileSubmodulesHook(modules=["1"], backend="eager")])
+    assert profile_tool["compile_as_configured"](runner) == ["1"]
     assert model[1]._compiled_call_impl is not None and model[0]._compiled_call_impl is None
 
 

@@ -39,7 +39,7 @@ from msda_mm.e2e.cli import (add_config_args, config_namespace, model_device, po
                              write_json)
 from msda_mm.e2e.profiling import STEP, TOP_SYNC_SOURCES, summarise
 from msda_mm.e2e.syncs import counted_syncs
-from msda_mm.engine import BackwardOnCallerThreadHook, CompileSubmodulesHook
+from msda_mm.engine import CompileSubmodulesHook
 
 # --amp: the optimizer wrapper each choice sets.
 AMP = {"bf16": dict(type="AmpOptimWrapper", dtype="bfloat16"),
@@ -158,22 +158,16 @@ def sync_sources(model, optim_wrapper, batches, iters: int, device: torch.device
             for frame, n in counts.most_common(TOP_SYNC_SOURCES)], sum(counts.values()) / iters
 
 
-# Runner.train() first runs every hook's before_train; of those, only these
-# change how a step runs (the others act on the train loop, which this tool
-# does not run).
-STEP_HOOKS = (CompileSubmodulesHook, BackwardOnCallerThreadHook)
-
-
-def apply_step_hooks(runner) -> tuple[list[str], list[str]]:
-    """Run the before_train of the config's STEP_HOOKS.  Returns their type
-    names and the module paths they compiled."""
-    names, paths = [], []
+def compile_as_configured(runner) -> list[str]:
+    """Runner.train() first runs every hook's before_train; of those, only
+    CompileSubmodulesHook changes the model (the others act on the train
+    loop, which this tool does not run): run those.  Returns their paths."""
+    paths = []
     for hook in runner.hooks:
-        if isinstance(hook, STEP_HOOKS):
+        if isinstance(hook, CompileSubmodulesHook):
             hook.before_train(runner)
-            names.append(type(hook).__name__)
-            paths += getattr(hook, "modules", [])
-    return names, paths
+            paths += hook.modules
+    return paths
 
 
 def measure(cfg, args: argparse.Namespace) -> tuple[dict, torch.device]:
@@ -183,7 +177,7 @@ def measure(cfg, args: argparse.Namespace) -> tuple[dict, torch.device]:
     model = runner.model
     device = model_device(model)
     optim_wrapper, batches = training.start(runner, cfg, seed=runner.seed)
-    step_hooks, compiled = apply_step_hooks(runner)
+    compiled = compile_as_configured(runner)
     timed_steps(model, optim_wrapper, batches, args.warmup, device)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
@@ -201,7 +195,7 @@ def measure(cfg, args: argparse.Namespace) -> tuple[dict, torch.device]:
         config=args.config, batch_size=batch_size,
         image_size=args.image_size or "config's data", precision=precision(cfg),
         msda_modules=dict(Counter(type(m).__name__ for m in msda_modules(model).values())),
-        step_hooks=step_hooks, compiled_modules=compiled,
+        compiled_modules=compiled,
         warmup=args.warmup, iters=args.iters, profile_iters=args.profile_iters,
         sync_iters=args.sync_iters,
         ms_per_iter=1e3 * statistics.mean(seconds),
@@ -230,8 +224,6 @@ def markdown(r: dict) -> str:
         "",
         *([f"Compiled (CompileSubmodulesHook, during the {r['warmup']} warm-up steps): "
            f"{', '.join(r['compiled_modules'])}", ""] if r["compiled_modules"] else []),
-        *(["Backward on the training loop's thread (BackwardOnCallerThreadHook)", ""]
-          if "BackwardOnCallerThreadHook" in r["step_hooks"] else []),
         f"Top host costs per step (self CPU time, {r['profile_iters']} profiled steps):",
         "",
         "| op / function | calls/iter | self ms/iter | share of host |",

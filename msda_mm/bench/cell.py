@@ -41,9 +41,8 @@ METHOD = {
     "host_fwd_us/host_fwdbwd_us": "median CPU time until the call returns, on an idle device "
                                   "(Python, dispatch, autograd and launches)",
     "host_fwdbwd_caller_us": "host_fwdbwd_us with the backward on the calling thread "
-                             "(torch.autograd.set_multithreading_enabled(False), as "
-                             "BackwardOnCallerThreadHook sets it) instead of autograd's device "
-                             "thread",
+                             "(torch.autograd.set_multithreading_enabled(False)) instead of "
+                             "autograd's device thread",
     "peak_fwd_mb/peak_bwd_mb": "peak torch.cuda.max_memory_allocated during the forward / "
                                "backward minus what was allocated before the forward "
                                "(inputs and grad_output)",

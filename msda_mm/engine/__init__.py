@@ -1,10 +1,8 @@
 """Training-loop pieces for mmengine; importing registers them in mmdet's registries."""
-from .backward_on_caller_thread_hook import BackwardOnCallerThreadHook
 from .compile_submodules_hook import CompileSubmodulesHook, compile_submodules
 from .fp32_modules import keep_fp32
 from .merged_groups_constructor import MergedGroupsOptimWrapperConstructor
 from .selective_amp_optim_wrapper import SelectiveAmpOptimWrapper
 
-__all__ = ["BackwardOnCallerThreadHook", "CompileSubmodulesHook",
-           "MergedGroupsOptimWrapperConstructor", "SelectiveAmpOptimWrapper", "compile_submodules",
-           "keep_fp32"]
+__all__ = ["CompileSubmodulesHook", "MergedGroupsOptimWrapperConstructor",
+           "SelectiveAmpOptimWrapper", "compile_submodules", "keep_fp32"]

@@ -190,12 +190,14 @@ def msda_forward(value, spatial_shapes, level_start_index, sampling_locations,
 # zero_fill_kernel: BLOCK int32 words a program per step, at most
 # _FILL_PROGRAMS_PER_SM programs per SM, so that all are resident at once
 # and the backward launches as soon as each has started.  On the H200
-# (session 10, 8 tiles; graph us of the backward behind it, uniform, bf16
-# decoder / dino_decoder): this one 38.5 / 74.8 against 41.2 / 78.0 for
-# PyTorch's fill without PDL and 40.8 / 77.2 with PDL (which then overlaps
-# only the fill's tail); fp32 68.8 / 127.9 against 69.4 / 127.2 and 68.6 /
-# 127.0.  Alone it writes 4.1-4.3 TB/s against PyTorch's 4.3-4.5
-# (benchmarks/nvidia-h200-fill-pdl-s10.json).
+# (session 10, 8 tiles; graph us of the backward behind the fill, uniform,
+# decoder / dino_decoder; benchmarks/nvidia-h200-fill-pdl-s10.json):
+# - 16-bit grad_value: this fill with PDL 38.5 / 74.8; PyTorch's fill
+#   without PDL 41.2 / 78.0, with PDL (overlapping only the fill's tail)
+#   40.8 / 77.2.
+# - fp32: this fill with PDL 68.8 / 127.9; PyTorch's without 69.4 / 127.2,
+#   with PDL 68.6 / 127.0, so fp32 keeps PyTorch's fill (alone it writes
+#   4.5 TB/s, this kernel 4.3) and the backward behind it still takes PDL.
 _FILL = dict(BLOCK=4096, num_warps=4)
 _FILL_PROGRAMS_PER_SM = 4
 
@@ -207,27 +209,31 @@ def pdl_available(device: torch.device) -> bool:
 
 
 def fill_zeros(t: torch.Tensor, pdl: bool = False) -> bool:
-    """Zero the contiguous tensor ``t`` in place.  Returns whether the next
-    kernel may be launched with PDL (``pdl`` asked for on CUDA, and ``t``
-    zeroed by zero_fill_kernel, which lets that kernel start early).
+    """Zero the contiguous tensor ``t`` in place with one kernel.  Returns
+    whether the next kernel may be launched with PDL: ``pdl`` was asked for
+    on CUDA and a fill kernel ran (all work before it has finished, and
+    the next kernel's gdc_wait waits for the fill itself).
 
-    zero_fill_kernel takes buffers of whole 4-byte words, as int32 words,
-    where PDL is asked for, and in the interpreter (so that the CPU tests run
+    zero_fill_kernel, which lets the next kernel start at once, zeroes
+    16-bit buffers of whole 4-byte words where PDL is asked for, and every
+    buffer of whole words in the interpreter (so that the CPU tests run
     the kernel sm_90 runs).  Everything else goes through PyTorch's fill,
-    16-bit buffers of even size as int32 words too: PyTorch wrote 16-bit
-    zeros at 3.2 TB/s on the H200 against 4.5 TB/s for fp32 (grad_value of
-    the decoder preset, 45.5 MB bf16 in 14.4 us, 91 MB fp32 in 20.1 us:
+    16-bit buffers of even size as int32 words: PyTorch wrote 16-bit zeros
+    at 3.2 TB/s on the H200 against 4.5 TB/s for fp32 (grad_value of the
+    decoder preset, 45.5 MB bf16 in 14.4 us, 91 MB fp32 in 20.1 us:
     benchmarks/nvidia-h200-gather-ceiling.json; as words 10.6 us:
     nvidia-h200-gather-ceiling-fill-s8.json).
     """
     flat = t.view(-1)
-    whole_words = flat.numel() > 0 and flat.numel() * t.element_size() % 4 == 0
+    if not flat.numel():
+        return False  # nothing to fill: no kernel right before the next one
     pdl = pdl and t.is_cuda
-    if not whole_words or not (pdl or interpreter_enabled()):
-        if t.element_size() == 2 and flat.numel() % 2 == 0:
+    whole_words = flat.numel() * t.element_size() % 4 == 0
+    if not whole_words or not (interpreter_enabled() or (pdl and t.element_size() == 2)):
+        if t.element_size() == 2 and whole_words:
             flat = flat.view(torch.int32)
         flat.zero_()
-        return False
+        return pdl
     words = flat.view(torch.int32)
     n = words.numel()
     blocks = -(-n // _FILL["BLOCK"])

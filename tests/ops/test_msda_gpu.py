@@ -94,6 +94,28 @@ def test_repeat_launches_skip_the_binding_and_give_the_same_results(dtype):
     assert len(launch.msda_fwd_kernel._kernels) == 2
 
 
+@pytest.mark.parametrize("dtype, numel, kernel", [(torch.bfloat16, 6000, True),
+                                                   (torch.float16, 5999, False),
+                                                   (torch.float32, 6000, False)], ids=str)
+def test_fill_policy_on_an_sm90_device(monkeypatch, dtype, numel, kernel):
+    # 16-bit buffers of whole words get zero_fill_kernel (which lets the
+    # backward start at once), the rest PyTorch's fill; a backward behind
+    # either may take PDL.  Every byte ends up 0.
+    from msda_mm.ops import launch
+    if not launch.pdl_available(torch.device("cuda")):
+        pytest.skip("needs compute capability >= 9.0 (programmatic dependent launch)")
+    launches = []
+    real = launch.zero_fill_kernel
+    monkeypatch.setattr(launch, "zero_fill_kernel", type("Spy", (), {
+        "__getitem__": lambda self, grid: launches.append(grid) or real[grid]})())
+    t = torch.empty(numel, dtype=dtype, device="cuda")
+    t.view(torch.uint8).fill_(255)
+    assert launch.fill_zeros(t, pdl=True) is True
+    assert not t.view(torch.uint8).any()
+    assert len(launches) == int(kernel)
+    assert launch.fill_zeros(torch.empty(0, device="cuda"), pdl=True) is False
+
+
 # Both forwards: these 512 (query, head) rows would get msda_fwd_kernel.
 @pytest.mark.parametrize("tiles", [{}, dict(pairs=(8, 1))], ids=["auto", "pairs"])
 def test_value_past_2_31_elements(tiles):
