@@ -80,7 +80,8 @@ def test_backward_waits_for_the_fill_only_where_pdl_exists(rows, arch):
     # during grad_value's fill and waits for it once, before its atomics;
     # an sm_80 build must not contain the instruction at all.
     for fp32_accum in (True, False):
-        assert rows[arch, fp32_accum]["pdl_waits"] == (1 if arch >= 90 else 0), rows[arch, fp32_accum]
+        row = rows[arch, fp32_accum]
+        assert row["pdl_waits"] == (1 if arch >= 90 else 0), row
 
 
 def test_wide_heads_do_not_spill(tmp_path):

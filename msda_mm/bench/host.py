@@ -9,9 +9,9 @@ the input checks, the grad_value fill and one bare allocation; the op
 with its backward on the calling thread (a CUDA backward runs on
 autograd's device thread by default); on CUDA also the floor, and the
 floor's op written as an autograd.Function (a Python backward, as the
-op's).  Each is the median CPU time until the call returns, on an idle device, timed as
-``eager_times_us`` times (on CPU, where nothing is asynchronous, the wall
-time).
+op's).  Each is the median CPU time until the call returns, on an idle
+device, timed as ``eager_times_us`` times (on CPU, where nothing is
+asynchronous, the wall time).
 """
 from __future__ import annotations
 

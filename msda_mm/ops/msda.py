@@ -161,8 +161,10 @@ class _EagerMSDA(torch.autograd.Function):
     Why a second entry point: the custom-op wrappers alone cost 70 us of host
     time per forward on a dev CPU against 17 us for an autograd.Function,
     and on the H200 (torch 2.11) host time per decoder forward + backward
-    went from 824 to 774 us with this path.  Most of those 774 us are still
-    unattributed (benchmarks/NOTES.md).  torch.compile sees only the custom ops.
+    went from 824 to 774 us with this path.  Of what remains, the backward's
+    Python runs about twice as slow on autograd's device thread as on the
+    calling thread (benchmarks/NOTES.md, session 10).  torch.compile sees
+    only the custom ops.
     """
 
     @staticmethod

@@ -113,8 +113,9 @@ def test_triton_compiled_kernels_runner_gets_a_whole_grid(monkeypatch):
         lambda *a: launched.append(a), "function", "metadata")
     monkeypatch.setattr(CompiledKernel, "_init_handles", lambda self: None)
     monkeypatch.setattr(triton_compiler.knobs.runtime, "launch_enter_hook", None)
-    monkeypatch.setattr(triton_compiler, "driver", types.SimpleNamespace(active=types.SimpleNamespace(
-        get_current_device=lambda: 0, get_current_stream=lambda device: "stream")))
+    driver = types.SimpleNamespace(active=types.SimpleNamespace(
+        get_current_device=lambda: 0, get_current_stream=lambda device: "stream"))
+    monkeypatch.setattr(triton_compiler, "driver", driver)
 
     class JitFn(_JitFn):
         def __getitem__(self, grid):
