@@ -28,7 +28,7 @@ from msda_mm.ops.validate import check_inputs
 from .inputs import MSDAInputs
 from .timing import autograd_floor_us, eager_times_us
 
-_KERNELS = ("msda_fwd_kernel", "msda_fwd_pairs_kernel", "msda_bwd_kernel")
+_KERNELS = ("msda_fwd_kernel", "msda_fwd_pairs_kernel", "msda_bwd_kernel", "zero_fill_kernel")
 # Pieces named so are timed inside no_launches() (entered once around the
 # timing, so that patching costs nothing per call).
 NO_LAUNCH = ", no launch"

@@ -27,19 +27,29 @@ _COMPILED = (CompiledKernel,)
 def specialisation_key(args: tuple, kwargs: dict) -> tuple:
     """Everything Triton's launch specialises on, and more: per tensor its
     device, dtype and whether its data pointer is 16-byte aligned; every
-    other argument's exact value (Triton looks only at some properties of an
-    int, such as being 1 or a multiple of 16: equal values have equal
-    properties whatever the Triton version); then the keyword arguments
-    (constexprs and options) in the order given."""
+    other argument's type and exact value (Triton looks only at some
+    properties of an int, such as being 1 or a multiple of 16: equal values
+    have equal properties whatever the Triton version; the type keeps
+    True, 1 and 1.0 apart); then the keyword arguments (constexprs and
+    options) in the order given, each with its type."""
     return (tuple((a.get_device(), a.dtype, a.data_ptr() % 16 == 0)
-                  if isinstance(a, torch.Tensor) else a for a in args), tuple(kwargs.items()))
+                  if isinstance(a, torch.Tensor) else (a.__class__, a) for a in args),
+            tuple((k, v.__class__, v) for k, v in kwargs.items()))
 
 
 class FastLaunch:
     """``FastLaunch(jit_fn)[grid](*args, **kwargs)`` launches like
-    ``jit_fn[grid](*args, **kwargs)``, on the current device (a launcher's
-    device guard makes it the tensors'); constexprs and options must come as
-    keyword arguments, everything else positionally."""
+    ``jit_fn[grid](*args, **kwargs)``.
+
+    What it assumes of its callers (launch.py's launchers): the grid is a
+    tuple; constexprs and options come as keyword arguments, every
+    constexpr given (none left to its default), everything else
+    positionally; launches run on the tensors' device (the launchers'
+    device guard); Triton's process-wide switches that its cache key holds
+    (``TRITON_DEBUG``, the instrumentation mode) do not change between
+    launches.  The fast path skips what JITFunction.run does besides
+    binding: pre-run hooks (msda_mm's kernels have none) and its check that
+    the kernel's globals have not changed; launch hooks still run."""
 
     # Keys kept per kernel; past this many (shapes that keep changing, such
     # as an encoder fed ever other image sizes) the cache starts over.

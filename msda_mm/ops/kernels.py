@@ -312,9 +312,10 @@ def msda_bwd_kernel(
     value's own, or fp32 scratch); grad_loc (B, Q, M, L, K, 2) and
     grad_attn (B, Q, M, L, K) are written once per element.
 
-    PDL (sm_90+, launched with launch_pdl right after zero_fill_kernel with
-    PDL): the gathers and the grad_loc / grad_attn stores run while
-    grad_value is still being zeroed; the atomics wait for the fill.
+    PDL (sm_90+, launched with launch_pdl right after grad_value's fill:
+    zero_fill_kernel, or PyTorch's fill for fp32): the gathers and the
+    grad_loc / grad_attn stores may run while grad_value is still being
+    zeroed; the atomics wait for the fill.
     """
     b, m, q, qmask, offs_d, dmask = _program_tile(Q, D, BLOCK_Q, BLOCK_D)
     dm = dmask[None, None, :]

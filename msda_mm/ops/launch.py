@@ -3,6 +3,7 @@ choice, grid, device guard.  Inputs are assumed validated (validate.py)."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 
 import torch
@@ -190,29 +191,44 @@ def msda_forward(value, spatial_shapes, level_start_index, sampling_locations,
 # zero_fill_kernel: BLOCK int32 words a program per step, at most
 # _FILL_PROGRAMS_PER_SM programs per SM, so that all are resident at once
 # and the backward launches as soon as each has started.  On the H200
-# (session 10, 8 tiles; graph us of the backward behind the fill, uniform,
+# (session 10, 7 tiles; graph us of the backward behind the fill, uniform,
 # decoder / dino_decoder; benchmarks/nvidia-h200-fill-pdl-s10.json):
 # - 16-bit grad_value: this fill with PDL 38.5 / 74.8; PyTorch's fill
 #   without PDL 41.2 / 78.0, with PDL (overlapping only the fill's tail)
 #   40.8 / 77.2.
 # - fp32: this fill with PDL 68.8 / 127.9; PyTorch's without 69.4 / 127.2,
-#   with PDL 68.6 / 127.0, so fp32 keeps PyTorch's fill (alone it writes
+#   with PDL 68.6 / 126.9, so fp32 keeps PyTorch's fill (alone it writes
 #   4.5 TB/s, this kernel 4.3) and the backward behind it still takes PDL.
 _FILL = dict(BLOCK=4096, num_warps=4)
 _FILL_PROGRAMS_PER_SM = 4
 
 
+@functools.lru_cache(maxsize=None)
+def _device_facts(index: int) -> tuple[tuple[int, int], int]:
+    """(compute capability, SM count) of CUDA device ``index``, asked once:
+    every backward needs both (two property lookups a call otherwise, ~9% of
+    the backward launcher's profiled time on the H200 box)."""
+    props = torch.cuda.get_device_properties(index)
+    return (props.major, props.minor), props.multi_processor_count
+
+
 def pdl_available(device: torch.device) -> bool:
     """Programmatic dependent launch (a kernel starting before the one before
-    it has finished): CUDA devices of compute capability >= 9.0."""
-    return device.type == "cuda" and torch.cuda.get_device_capability(device) >= (9, 0)
+    it has finished): NVIDIA devices of compute capability >= 9.0, outside
+    the interpreter (which has no inline PTX)."""
+    return (device.type == "cuda" and torch.version.hip is None and not interpreter_enabled()
+            and _device_facts(_index(device))[0] >= (9, 0))
+
+
+def _index(device: torch.device) -> int:
+    return torch.cuda.current_device() if device.index is None else device.index
 
 
 def fill_zeros(t: torch.Tensor, pdl: bool = False) -> bool:
     """Zero the contiguous tensor ``t`` in place with one kernel.  Returns
     whether the next kernel may be launched with PDL: ``pdl`` was asked for
-    on CUDA and a fill kernel ran (all work before it has finished, and
-    the next kernel's gdc_wait waits for the fill itself).
+    where PDL exists and a fill kernel ran (all work before it has finished,
+    and the next kernel's gdc_wait waits for the fill itself).
 
     zero_fill_kernel, which lets the next kernel start at once, zeroes
     16-bit buffers of whole 4-byte words where PDL is asked for, and every
@@ -227,7 +243,7 @@ def fill_zeros(t: torch.Tensor, pdl: bool = False) -> bool:
     flat = t.view(-1)
     if not flat.numel():
         return False  # nothing to fill: no kernel right before the next one
-    pdl = pdl and t.is_cuda
+    pdl = pdl and pdl_available(t.device)
     whole_words = flat.numel() * t.element_size() % 4 == 0
     if not whole_words or not (interpreter_enabled() or (pdl and t.element_size() == 2)):
         if t.element_size() == 2 and whole_words:
@@ -239,8 +255,7 @@ def fill_zeros(t: torch.Tensor, pdl: bool = False) -> bool:
     blocks = -(-n // _FILL["BLOCK"])
     # The interpreter has no SMs to fill; two programs still take the
     # grid-stride loop through more than one step.
-    resident = (torch.cuda.get_device_properties(t.device).multi_processor_count
-                * _FILL_PROGRAMS_PER_SM if t.is_cuda else 2)
+    resident = _device_facts(t.device.index)[1] * _FILL_PROGRAMS_PER_SM if t.is_cuda else 2
     with _device_guard(t):
         zero_fill_kernel[(min(blocks, resident),)](words, n, PDL=pdl, **_FILL)
     return pdl
@@ -271,6 +286,8 @@ def msda_backward(grad_output, value, spatial_shapes, level_start_index, samplin
     tile = _tile("bwd", value, L * K, B * Q * M)
     # The fill must be the kernel right before the backward: with PDL the
     # backward starts while the fill runs, and only its atomics wait for it.
+    # (This assumes no other thread queues work on the same stream in
+    # between, which PyTorch's stream semantics leave to the caller anyway.)
     pdl = fill_zeros(grad_value, pdl=pdl_available(value.device))
     with _device_guard(value):
         msda_bwd_kernel[_grid(value, Q, tile["BLOCK_Q"])](

@@ -35,9 +35,10 @@ def test_pairs_kernel_only_where_it_applies():
 
 
 @pytest.mark.parametrize("dtype, numel, kernel", [
-    (torch.bfloat16, 2 * (3 * 4096 + 5), True),   # 12293 words: 4 steps of 2 programs, a tail
+    # BLOCK = 4096 words, 2 programs in the interpreter:
+    (torch.bfloat16, 2 * (5 * 4096 + 5), True),   # 6 blocks: 3 steps a program, a tail
     (torch.float16, 15, False),                   # an odd number of 16-bit elements
-    (torch.float32, 2048, True),                  # one block exactly
+    (torch.float32, 4096, True),                  # one block exactly
     (torch.float64, 3, True),                     # 6 words
     (torch.bfloat16, 0, False),                   # nothing to fill, nothing launched
 ])
@@ -78,3 +79,24 @@ def test_backward_uses_pdl_only_behind_a_fill_that_armed_it(monkeypatch, capable
                          torch.tensor([[1, 5]]), torch.tensor([0]),
                          meta(B, Q, M, L, K, 2), meta(B, Q, M, L, K), False)
     assert calls == [("fill", capable), ("bwd", filled_with_pdl, filled_with_pdl)]
+
+
+def test_pdl_only_on_nvidia_sm90_outside_the_interpreter(monkeypatch):
+    # griddepcontrol is sm_90+ PTX: not for sm_80, ROCm (which reports
+    # "cuda" devices with capability 9.x) or the interpreter (no inline asm,
+    # also with CUDA tensors under TRITON_INTERPRET=1).
+    cuda = torch.device("cuda", 0)
+    capability = {}
+    monkeypatch.setattr(launch, "_device_facts", lambda index: (capability["cc"], 132))
+    monkeypatch.setattr(torch.version, "hip", None)
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    for cc, want in (((9, 0), True), ((10, 0), True), ((8, 0), False)):
+        capability["cc"] = cc
+        assert launch.pdl_available(cuda) is want, cc
+    assert not launch.pdl_available(torch.device("cpu"))
+    capability["cc"] = (9, 0)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert not launch.pdl_available(cuda)
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    monkeypatch.setattr(torch.version, "hip", "6.2")
+    assert not launch.pdl_available(cuda)
