@@ -48,6 +48,21 @@ def test_no_launches_skips_the_kernels_and_restores_them():
     assert torch.count_nonzero(real[0]) > 0
 
 
+def test_ordinary_launches_bypass_fast_launch_and_restore_it():
+    from msda_mm.ops import kernels
+    fast = [getattr(launch, name) for name in host._KERNELS]
+    with host.ordinary_launches():
+        assert [getattr(launch, name) for name in host._KERNELS] == [
+            getattr(kernels, name) for name in host._KERNELS]
+        inputs = make_inputs(PRESETS["tiny"], "uniform", seed=0)
+        out = launch.msda_forward(inputs.value, inputs.spatial_shapes, inputs.level_start_index,
+                                  inputs.sampling_locations, inputs.attention_weights)
+    assert [getattr(launch, name) for name in host._KERNELS] == fast
+    torch.testing.assert_close(out, launch.msda_forward(
+        inputs.value, inputs.spatial_shapes, inputs.level_start_index,
+        inputs.sampling_locations, inputs.attention_weights), rtol=0, atol=0)
+
+
 def test_tool_times_every_piece(tmp_path, capsys):
     assert _main(["--presets", "tiny", "--dtypes", "fp32", "--device", "cpu",
                                 "--budget-ms", "1", "--profile-calls", "1", "--top", "3",

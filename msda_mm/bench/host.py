@@ -3,9 +3,11 @@
 The benchmark's ``host_fwdbwd_us`` is one number (660-990 us on the H200
 box, whose cheapest differentiable op, ``x * 2`` and its grad, already
 costs 205 us).  These pieces split it: the op through autograd, the two
-allocating launchers called directly, the same launchers with their Triton
-launch replaced by nothing (so the launch's own cost is the difference),
-the input checks, the grad_value fill and one bare allocation; the op
+allocating launchers called directly, the same launchers launching through
+Triton's own ``JITFunction.run`` instead of FastLaunch (FastLaunch's saving
+is the difference) and with their Triton launches replaced by nothing (the
+launches' own cost is the difference), the input checks, the grad_value
+fill and one bare allocation; the op
 with its backward on the calling thread (a CUDA backward runs on
 autograd's device thread by default); on CUDA also the floor, and the
 floor's op written as an autograd.Function (a Python backward, as the
@@ -21,7 +23,7 @@ from unittest import mock
 
 import torch
 
-from msda_mm.ops import launch, multi_scale_deformable_attention
+from msda_mm.ops import kernels, launch, multi_scale_deformable_attention
 from msda_mm.ops.msda import resolve_fp32_grad_accum
 from msda_mm.ops.validate import check_inputs
 
@@ -29,9 +31,10 @@ from .inputs import MSDAInputs
 from .timing import autograd_floor_us, eager_times_us
 
 _KERNELS = ("msda_fwd_kernel", "msda_fwd_pairs_kernel", "msda_bwd_kernel", "zero_fill_kernel")
-# Pieces named so are timed inside no_launches() (entered once around the
-# timing, so that patching costs nothing per call).
+# Pieces named so are timed inside no_launches() / ordinary_launches()
+# (entered once around the timing, so that patching costs nothing per call).
 NO_LAUNCH = ", no launch"
+ORDINARY_LAUNCH = ", Triton's own launch path"
 
 
 class _TimesTwo(torch.autograd.Function):
@@ -56,18 +59,34 @@ class _NoLaunch:
 
 
 @contextlib.contextmanager
+def _kernels_replaced(replacement: Callable[[str], object]):
+    """Inside this block launch.py's kernel ``name`` is ``replacement(name)``."""
+    with contextlib.ExitStack() as stack:
+        for name in _KERNELS:
+            stack.enter_context(mock.patch.object(launch, name, replacement(name)))
+        yield
+
+
 def no_launches():
     """Inside this block launch.py's kernels launch nothing (outputs stay
     uninitialised): what the launchers cost without Triton's launch."""
-    with contextlib.ExitStack() as stack:
-        for name in _KERNELS:
-            stack.enter_context(mock.patch.object(launch, name, _NoLaunch()))
-        yield
+    return _kernels_replaced(lambda name: _NoLaunch())
+
+
+def ordinary_launches():
+    """Inside this block launch.py launches its kernels through Triton's
+    ``JITFunction.run`` every time instead of FastLaunch's kept compiled
+    kernels: FastLaunch's saving is the difference."""
+    return _kernels_replaced(lambda name: getattr(kernels, name))
+
+
+_PATCHES = {NO_LAUNCH: no_launches, ORDINARY_LAUNCH: ordinary_launches}
 
 
 def pieces(inputs: MSDAInputs) -> dict[str, Callable[[], object]]:
     """{name: call} of every piece, in the order of the table (those named
-    ``... + NO_LAUNCH`` to be called inside no_launches())."""
+    ``... + NO_LAUNCH`` to be called inside no_launches(), ``... +
+    ORDINARY_LAUNCH`` inside ordinary_launches())."""
     x = inputs
     value, loc, attn = (t.detach().requires_grad_() for t in
                         (x.value, x.sampling_locations, x.attention_weights))
@@ -98,8 +117,10 @@ def pieces(inputs: MSDAInputs) -> dict[str, Callable[[], object]]:
         "op forward + autograd.grad": op_grad,
         "op forward + autograd.grad, backward on the calling thread": op_grad_on_caller_thread,
         "launch.msda_forward": forward,
+        "launch.msda_forward" + ORDINARY_LAUNCH: forward,
         "launch.msda_forward" + NO_LAUNCH: forward,
         "launch.msda_backward": backward,
+        "launch.msda_backward" + ORDINARY_LAUNCH: backward,
         "launch.msda_backward" + NO_LAUNCH: backward,
         "check_inputs": lambda: check_inputs(value, x.spatial_shapes, x.level_start_index,
                                              loc, attn),
@@ -116,7 +137,9 @@ def host_breakdown(inputs: MSDAInputs, calls: dict[str, Callable[[], object]],
     device = inputs.value.device
     times = {}
     for name, fn in calls.items():
-        with no_launches() if name.endswith(NO_LAUNCH) else contextlib.nullcontext():
+        patch = next((ctx for suffix, ctx in _PATCHES.items() if name.endswith(suffix)),
+                     contextlib.nullcontext)
+        with patch():
             wall, host = eager_times_us(fn, device, budget_ms)
         times[name] = wall if host is None else host
     floor = autograd_floor_us(device, budget_ms)
