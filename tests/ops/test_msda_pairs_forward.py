@@ -40,8 +40,13 @@ def test_head_dims(device, dtype, D, pairs_launches):
     _check(args, device, seed, pairs_launches)
 
 
+# (5, 5): more levels than mmdet's 4, K != 4, and 25 points, so the 16-bit
+# backward takes a full and a partial 16-point chunk.  It was (5, 8): the
+# pairs kernel unrolls every point, and its 40 points took 83-99 s a
+# compile on the H200 box, over half of the GPU suite's 312 s
+# (benchmarks/nvidia-h200-gpu-tests-s10.log).
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("L,K", [(1, 1), (4, 4), (5, 8)])
+@pytest.mark.parametrize("L,K", [(1, 1), (4, 4), (5, 5)])
 @pytest.mark.parametrize("Q", [1, 7])
 def test_levels_points_and_partial_query_blocks(device, L, K, Q, pairs_launches):
     shapes = [(7, 5), (4, 3), (2, 2), (1, 3), (1, 1)][:L]
