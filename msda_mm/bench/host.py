@@ -7,13 +7,12 @@ allocating launchers called directly, the same launchers launching through
 Triton's own ``JITFunction.run`` instead of FastLaunch (FastLaunch's saving
 is the difference) and with their Triton launches replaced by nothing (the
 launches' own cost is the difference), the input checks, the grad_value
-fill and one bare allocation; the op
-with its backward on the calling thread (a CUDA backward runs on
-autograd's device thread by default); on CUDA also the floor, and the
-floor's op written as an autograd.Function (a Python backward, as the
-op's).  Each is the median CPU time until the call returns, on an idle
-device, timed as ``eager_times_us`` times (on CPU, where nothing is
-asynchronous, the wall time).
+fill and one bare allocation; the op with its backward on the calling
+thread (a CUDA backward runs on autograd's device thread by default); on
+CUDA also the floor, and the floor's op written as an autograd.Function (a
+Python backward, as the op's).  Each is the median CPU time until the call
+returns, on an idle device, timed as ``eager_times_us`` times (on CPU,
+where nothing is asynchronous, the wall time).
 """
 from __future__ import annotations
 
@@ -24,13 +23,15 @@ from unittest import mock
 import torch
 
 from msda_mm.ops import kernels, launch, multi_scale_deformable_attention
+from msda_mm.ops.fast_launch import FastLaunch
 from msda_mm.ops.msda import resolve_fp32_grad_accum
 from msda_mm.ops.validate import check_inputs
 
 from .inputs import MSDAInputs
 from .timing import autograd_floor_us, eager_times_us
 
-_KERNELS = ("msda_fwd_kernel", "msda_fwd_pairs_kernel", "msda_bwd_kernel", "zero_fill_kernel")
+# launch.py's kernels, by the names it launches them under.
+_KERNELS = tuple(name for name, obj in vars(launch).items() if isinstance(obj, FastLaunch))
 # Pieces named so are timed inside no_launches() / ordinary_launches()
 # (entered once around the timing, so that patching costs nothing per call).
 NO_LAUNCH = ", no launch"

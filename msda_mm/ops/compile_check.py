@@ -139,8 +139,7 @@ def _recorded_launch(v: Variant):
     recorder = _Recorder(getattr(kernels, name))
     # As on a GPU of this arch: PDL from sm_90 on, behind the fill kernel.
     with mock.patch.object(launch, name, recorder), \
-            mock.patch.object(launch, "pdl_available", lambda device: v.arch >= 90), \
-            mock.patch.object(launch, "fill_zeros", lambda t, pdl=False: pdl):
+            mock.patch.object(launch, "fill_zeros", lambda t: v.arch >= 90):
         if v.kernel.startswith("fwd"):
             launch.msda_forward(*inputs)
         else:

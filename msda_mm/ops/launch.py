@@ -224,14 +224,14 @@ def _index(device: torch.device) -> int:
     return torch.cuda.current_device() if device.index is None else device.index
 
 
-def fill_zeros(t: torch.Tensor, pdl: bool = False) -> bool:
+def fill_zeros(t: torch.Tensor) -> bool:
     """Zero the contiguous tensor ``t`` in place with one kernel.  Returns
-    whether the next kernel may be launched with PDL: ``pdl`` was asked for
-    where PDL exists and a fill kernel ran (all work before it has finished,
-    and the next kernel's gdc_wait waits for the fill itself).
+    whether the next kernel may be launched with PDL: ``t``'s device has it
+    and a fill kernel ran (all work before it has finished, and the next
+    kernel's gdc_wait waits for the fill itself).
 
     zero_fill_kernel, which lets the next kernel start at once, zeroes
-    16-bit buffers of whole 4-byte words where PDL is asked for, and every
+    16-bit buffers of whole 4-byte words where PDL exists, and every
     buffer of whole words in the interpreter (so that the CPU tests run
     the kernel sm_90 runs).  Everything else goes through PyTorch's fill,
     16-bit buffers of even size as int32 words: PyTorch wrote 16-bit zeros
@@ -243,7 +243,7 @@ def fill_zeros(t: torch.Tensor, pdl: bool = False) -> bool:
     flat = t.view(-1)
     if not flat.numel():
         return False  # nothing to fill: no kernel right before the next one
-    pdl = pdl and pdl_available(t.device)
+    pdl = pdl_available(t.device)
     whole_words = flat.numel() * t.element_size() % 4 == 0
     if not whole_words or not (interpreter_enabled() or (pdl and t.element_size() == 2)):
         if t.element_size() == 2 and whole_words:
@@ -255,7 +255,7 @@ def fill_zeros(t: torch.Tensor, pdl: bool = False) -> bool:
     blocks = -(-n // _FILL["BLOCK"])
     # The interpreter has no SMs to fill; two programs still take the
     # grid-stride loop through more than one step.
-    resident = _device_facts(t.device.index)[1] * _FILL_PROGRAMS_PER_SM if t.is_cuda else 2
+    resident = _device_facts(_index(t.device))[1] * _FILL_PROGRAMS_PER_SM if t.is_cuda else 2
     with _device_guard(t):
         zero_fill_kernel[(min(blocks, resident),)](words, n, PDL=pdl, **_FILL)
     return pdl
@@ -264,7 +264,7 @@ def fill_zeros(t: torch.Tensor, pdl: bool = False) -> bool:
 def zeroed(shape, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """torch.zeros through the backward's own fill (for the benchmark tools)."""
     out = torch.empty(shape, dtype=dtype, device=device)
-    fill_zeros(out, pdl=pdl_available(out.device))
+    fill_zeros(out)
     return out
 
 
@@ -288,7 +288,7 @@ def msda_backward(grad_output, value, spatial_shapes, level_start_index, samplin
     # backward starts while the fill runs, and only its atomics wait for it.
     # (This assumes no other thread queues work on the same stream in
     # between, which PyTorch's stream semantics leave to the caller anyway.)
-    pdl = fill_zeros(grad_value, pdl=pdl_available(value.device))
+    pdl = fill_zeros(grad_value)
     with _device_guard(value):
         msda_bwd_kernel[_grid(value, Q, tile["BLOCK_Q"])](
             go, value, spatial_shapes, level_start_index, sampling_locations, attention_weights,

@@ -52,21 +52,20 @@ def test_fill_zeros_zeroes_every_byte(monkeypatch, dtype, numel, kernel):
         "__getitem__": lambda self, grid: launches.append(grid) or real[grid]})())
     t = torch.empty(numel, dtype=dtype)
     t.view(torch.uint8).fill_(255)
-    assert launch.fill_zeros(t, pdl=True) is False  # no PDL without CUDA
+    assert launch.fill_zeros(t) is False  # no PDL without CUDA
     assert not t.view(torch.uint8).any()
     assert len(launches) == int(kernel)
 
 
-@pytest.mark.parametrize("capable, filled_with_pdl", [(True, True), (True, False), (False, False)])
-def test_backward_uses_pdl_only_behind_a_fill_that_armed_it(monkeypatch, capable, filled_with_pdl):
+@pytest.mark.parametrize("filled_with_pdl", [True, False])
+def test_backward_uses_pdl_only_behind_a_fill_that_armed_it(monkeypatch, filled_with_pdl):
     # With PDL the backward starts before the kernel in front of it has
     # finished: safe only if that kernel is grad_value's fill (whose own
     # predecessors have finished), so the backward takes PDL exactly when
     # fill_zeros says it armed it.
     calls = []
-    monkeypatch.setattr(launch, "pdl_available", lambda device: capable)
     monkeypatch.setattr(launch, "fill_zeros",
-                        lambda t, pdl=False: calls.append(("fill", pdl)) or filled_with_pdl)
+                        lambda t: calls.append(("fill", t.shape)) or filled_with_pdl)
     monkeypatch.setattr(launch, "msda_bwd_kernel", type("Rec", (), {
         "__getitem__": lambda self, grid: lambda *a, **k: calls.append(
             ("bwd", k["PDL"], k["launch_pdl"]))})())
@@ -78,7 +77,7 @@ def test_backward_uses_pdl_only_behind_a_fill_that_armed_it(monkeypatch, capable
     launch.msda_backward(meta(B, Q, M * D), meta(B, S, M, D),
                          torch.tensor([[1, 5]]), torch.tensor([0]),
                          meta(B, Q, M, L, K, 2), meta(B, Q, M, L, K), False)
-    assert calls == [("fill", capable), ("bwd", filled_with_pdl, filled_with_pdl)]
+    assert calls == [("fill", (B, S, M, D)), ("bwd", filled_with_pdl, filled_with_pdl)]
 
 
 def test_pdl_only_on_nvidia_sm90_outside_the_interpreter(monkeypatch):

@@ -134,10 +134,10 @@ def test_fill_policy_on_an_sm90_device(monkeypatch, dtype, numel, kernel):
         "__getitem__": lambda self, grid: launches.append(grid) or real[grid]})())
     t = torch.empty(numel, dtype=dtype, device="cuda")
     t.view(torch.uint8).fill_(255)
-    assert launch.fill_zeros(t, pdl=True) is True
+    assert launch.fill_zeros(t) is True
     assert not t.view(torch.uint8).any()
     assert len(launches) == int(kernel)
-    assert launch.fill_zeros(torch.empty(0, device="cuda"), pdl=True) is False
+    assert launch.fill_zeros(torch.empty(0, device="cuda")) is False
 
 
 # Both forwards: these 512 (query, head) rows would get msda_fwd_kernel.
