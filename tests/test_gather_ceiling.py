@@ -5,7 +5,7 @@ interpreter)."""
 import pytest
 import torch
 
-from msda_mm.bench.gather import corner_rows, gather_sum
+from msda_mm.bench.gather import corner_rows, distinct_rows, gather_sum
 from msda_mm.bench.inputs import make_inputs
 from msda_mm.bench.presets import PRESETS
 from msda_mm.bench.scatter import scatter_add
@@ -30,6 +30,22 @@ def test_rows_are_the_bilinear_corners():
     named.scatter_(1, rows.long(), True)
     assert (touched & ~named).sum() == 0  # every row the op reads is named
     assert rows.dtype == torch.int32 and rows.shape[1] == inputs.sampling_locations[0, 0, 0].numel() * 2
+
+
+@pytest.mark.parametrize("shuffle", [True, False])
+@pytest.mark.parametrize("n_rows", [5, 64, 200])
+def test_distinct_rows_names_each_row_once(shuffle, n_rows):
+    rows = torch.randint(0, n_rows, (30, 16), generator=torch.Generator().manual_seed(1),
+                         dtype=torch.int32)
+    want = rows.unique()
+    once = distinct_rows(rows, 8, shuffle)
+    flat = once.view(-1)
+    assert once.dtype == torch.int32 and once.shape[1] == 8
+    assert once.numel() == -(-want.numel() // 8) * 8  # padded to whole lines only
+    assert torch.equal(flat[:want.numel()].sort().values, want)  # each distinct row once
+    assert torch.equal(flat[want.numel():], flat[:once.numel() - want.numel()])  # the padding
+    assert torch.equal(flat[:want.numel()], want) != shuffle
+    assert torch.equal(distinct_rows(rows, 8, shuffle), once)  # seeded
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
@@ -100,13 +116,16 @@ def test_tool_times_the_forward_backward_gathers_and_atomics(tmp_path):
     import json
     cells = json.loads(path.read_text())["cells"]
     assert [c["kernel"] for c in cells] == [
-        "msda_mm forward", "gather 2x16x1", "msda_mm backward", "zero fill", "torch.zeros",
+        "msda_mm forward", "gather 2x16x1", "distinct rows once, shuffled",
+        "distinct rows once, sorted", "msda_mm backward", "zero fill", "torch.zeros",
         "scatter 1x64x1", "fill + scatter 1x64x1"]
     assert all(c["graph_us"] > 0 and c["gbps_kernel"] > 0 for c in cells)
+    # Each distinct row once: fewer bytes than the forward's gathers, the same in both orders.
+    assert cells[2]["moved_mb"] == cells[3]["moved_mb"] < cells[0]["moved_mb"]
     # The fill moves grad_value (bf16, native atomics on the H200), not the rows.
     # Its element size is the accumulation's (bf16 natively; fp32 where the
     # op picks fp32 scratch, below sm_90).
     from msda_mm.ops.msda import bf16_atomics_are_slow
     p, accum_bytes = PRESETS["decoder"], 4 if bf16_atomics_are_slow(torch.device("cuda")) else 2
-    assert cells[3]["moved_mb"] == pytest.approx(p.batch * p.num_values * p.heads * p.head_dim
+    assert cells[5]["moved_mb"] == pytest.approx(p.batch * p.num_values * p.heads * p.head_dim
                                                  * accum_bytes / 1e6)

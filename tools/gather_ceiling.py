@@ -4,8 +4,10 @@ backward on this GPU (msda_mm/bench/gather.py, msda_mm/bench/scatter.py).
     python tools/gather_ceiling.py [--presets encoder,decoder] [--dtypes bf16,fp32]
         [--tiles 2x16x1,8x16x4] [--scatter-tiles 1x64x1] [--out benchmarks]
 
-For each preset and dtype: the forward of msda_mm and a kernel that only
-gathers and sums the same corner rows; then msda_mm's backward, the zero
+For each preset and dtype: the forward of msda_mm, a kernel that only
+gathers and sums the same corner rows, and the same kernel reading each
+distinct row once (shuffled and sorted: with a cold L2, the DRAM floor of
+any forward); then msda_mm's backward, the zero
 fill of its grad_value, a kernel that only does the backward's atomic
 row-adds (into a buffer filled once), and the fill followed by those
 atomics (the backward's floor).  Each is timed as the benchmark times
@@ -26,7 +28,7 @@ import torch  # noqa: E402
 
 from msda_mm import multi_scale_deformable_attention  # noqa: E402
 from msda_mm.bench.cli import names  # noqa: E402
-from msda_mm.bench.gather import corner_rows, gather_sum  # noqa: E402
+from msda_mm.bench.gather import corner_rows, distinct_rows, gather_sum  # noqa: E402
 from msda_mm.bench.inputs import make_inputs  # noqa: E402
 from msda_mm.bench.presets import PRESETS  # noqa: E402
 from msda_mm.bench.report import device_name, environment, slug, write_json  # noqa: E402
@@ -127,13 +129,19 @@ def main(argv=None) -> int:
             for bq, br, nw in args.tiles:
                 runs[f"gather {bq}x{br}x{nw}"] = (
                     lambda bq=bq, br=br, nw=nw: gather_sum(value, rows, bq, br, nw), nbytes)
+            # 1 x 64 rows x 1 warp: the fastest of 3 tiles on the H200 (session 11).
+            for order, shuffle in (("shuffled", True), ("sorted", False)):
+                once = distinct_rows(rows, 64, shuffle)
+                runs[f"distinct rows once, {order}"] = (
+                    lambda once=once: gather_sum(value, once, 1, 64),
+                    once.numel() * value.shape[-1] * value.element_size())
             runs.update(_backward_runs(inputs, rows, args.scatter_tiles))
             for kernel, (fn, moved) in runs.items():
                 # moved_mb: the rows gathered or atomically added (the fill: grad_value).
                 cell = dict(preset=name, dtype=dname, kernel=kernel, moved_mb=moved / 1e6,
                             **measure(fn, device, args.budget_ms, moved))
                 cells.append(cell)
-                print(f"{name:13s} {dname:5s} {kernel:26s} graph {cell['graph_us']:8.1f} us "
+                print(f"{name:13s} {dname:5s} {kernel:30s} graph {cell['graph_us']:8.1f} us "
                       f"({cell['gbps_graph']:6.0f} GB/s)  kernel {cell['kernel_us']:8.1f} us "
                       f"({cell['gbps_kernel']:6.0f} GB/s)", flush=True)
     args.out.mkdir(parents=True, exist_ok=True)

@@ -47,6 +47,26 @@ def corner_rows(inputs: MSDAInputs) -> torch.Tensor:
     return rows.reshape(B * Q * M, L * K * 4).to(torch.int32)
 
 
+def distinct_rows(rows: torch.Tensor, R: int, shuffle: bool, seed: int = 0) -> torch.Tensor:
+    """(ceil(U / R), R) int32: each of the U distinct rows of ``rows`` once,
+    in ascending or (``shuffle``) a seeded random order, the last line
+    padded with the first rows again (at most R - 1 repeats, L2 hits).
+
+    Summed with gather_sum after an L2 flush, this reads from DRAM exactly
+    the value rows a forward must read at least once: with a cold L2, a
+    floor for the forward that no access order or tile removes (the
+    forward's own order is random over the levels).  Session 11 on the
+    H200, decoder preset: 17.0 MB of bf16 rows in 10.8 us of kernel
+    shuffled, 9.1 sorted, against 12.2 for the forward
+    (benchmarks/NOTES.md)."""
+    uniq = rows.reshape(-1).unique()
+    if shuffle:
+        gen = torch.Generator(uniq.device).manual_seed(seed)
+        uniq = uniq[torch.randperm(uniq.numel(), generator=gen, device=uniq.device)]
+    pad = torch.arange(-uniq.numel() % R, device=uniq.device) % uniq.numel()
+    return torch.cat([uniq, uniq[pad]]).view(-1, R).to(torch.int32)
+
+
 def check_row_tile(D: int, R: int, block_r: int) -> None:
     """ValueError unless D and block_r are powers of two and block_r divides R."""
     if D & (D - 1) or R % block_r or block_r & (block_r - 1):

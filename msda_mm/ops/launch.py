@@ -54,7 +54,10 @@ _TILES = {("fwd", 4): (2, 1, 16), ("fwd", 2): (2, 1, 16),
 # tile 15.5 / 12.3; multi-warp tiles still lose (2 x 2 x 8 22.2 / 18.9,
 # 4 x 4 x 8 36.4 / 32.8), and so does the pairs kernel with the points split
 # over warps or thread groups (best: 4 queries x 2 slices, 1 warp, 17.0 /
-# 13.3; not shipped).
+# 13.3; not shipped).  fp32 keeps 2 queries: session 11 (graph / CUPTI us,
+# benchmarks/nvidia-h200-decoder-fwd-s11.json) decoder 19.3 / 15.6 against
+# 20.6 / 17.1 with 1 query, dino_decoder 33.9 / 31.1 against 37.0 / 34.2
+# (bf16 there: 16.8 / 12.9 against 15.5 / 12.3).
 _FWD_FEW_ROWS = 1 << 16
 # msda_fwd_pairs_kernel's queries per one-warp program at D = 32 (8 x 16
 # words of two channels: each thread one 16-byte load per corner row); a
@@ -98,7 +101,8 @@ def _tile(kernel: str, value: torch.Tensor, points: int, rows: int) -> dict:
     ``rows`` = B * Q * M (query, head) pairs."""
     block_q, num_warps, *block_p = _tile_override.get(
         kernel, _TILES[kernel, min(value.element_size(), 4)])
-    if kernel == "fwd" and kernel not in _tile_override and rows < _FWD_FEW_ROWS:
+    if (kernel == "fwd" and kernel not in _tile_override and rows < _FWD_FEW_ROWS
+            and value.element_size() < 4):
         block_q = 1
     block_p = min(_next_pow2(points), *block_p or [16])
     block_d = _next_pow2(value.shape[-1])
