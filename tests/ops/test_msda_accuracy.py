@@ -62,7 +62,8 @@ def test_locations_stay_fp32_with_bf16_value(device):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("Q", [1, 17, 33])
 # The default tiles, then the multi-query forward that large grids get
-# (launch._FWD_FEW_ROWS) and a backward of 2 queries x 8-point chunks.
+# (launch._FWD_FEW_ROWS; fp32 grids of any size) and a backward of 2 queries x
+# 8-point chunks.
 @pytest.mark.parametrize("tiles", [{}, dict(fwd=(2, 1, 16), bwd=(2, 1, 8))], ids=["auto", "2q"])
 def test_query_count_not_multiple_of_tile(device, Q, tiles):
     from msda_mm.ops import launch
