@@ -50,15 +50,17 @@ def corner_rows(inputs: MSDAInputs) -> torch.Tensor:
 def distinct_rows(rows: torch.Tensor, R: int, shuffle: bool, seed: int = 0) -> torch.Tensor:
     """(ceil(U / R), R) int32: each of the U distinct rows of ``rows`` once,
     in ascending or (``shuffle``) a seeded random order, the last line
-    padded with the first rows again (at most R - 1 repeats, L2 hits).
+    padded by repeating the rows from the first on (at most R - 1 repeats,
+    L2 hits).
 
-    Summed with gather_sum after an L2 flush, this reads from DRAM exactly
-    the value rows a forward must read at least once: with a cold L2, a
-    floor for the forward that no access order or tile removes (the
-    forward's own order is random over the levels).  Session 11 on the
-    H200, decoder preset: 17.0 MB of bf16 rows in 10.8 us of kernel
-    shuffled, 9.1 sorted, against 12.2 for the forward
-    (benchmarks/NOTES.md)."""
+    Summed with gather_sum after an L2 flush, this reads from DRAM the
+    value rows a forward must read at least once (corner_rows' slight
+    over-count at the levels' edges included): the bytes are a floor for
+    any forward with a cold L2, and the time, that of a kernel doing
+    nothing else (random order: as a forward over random locations reads
+    them).  Session 11 on the H200, decoder preset: 17.0 MB of bf16 rows in
+    10.8 us of kernel shuffled, 9.1 sorted, against 12.3 for the forward in
+    the same call (benchmarks/NOTES.md)."""
     uniq = rows.reshape(-1).unique()
     if shuffle:
         gen = torch.Generator(uniq.device).manual_seed(seed)

@@ -61,10 +61,10 @@ def test_locations_stay_fp32_with_bf16_value(device):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("Q", [1, 17, 33])
-# The default tiles, then the multi-query forward that large grids get
-# (launch._FWD_FEW_ROWS; fp32 grids of any size) and a backward of 2 queries x
-# 8-point chunks.
-@pytest.mark.parametrize("tiles", [{}, dict(fwd=(2, 1, 16), bwd=(2, 1, 8))], ids=["auto", "2q"])
+# The default tiles (these fp32 inputs: the 2-query forward, 8 queries at
+# D = 8), then the 1-query forward of small 16-bit grids (4 queries at D = 8)
+# and a backward of 2 queries x 8-point chunks.
+@pytest.mark.parametrize("tiles", [{}, dict(fwd=(1, 1, 16), bwd=(2, 1, 8))], ids=["auto", "other"])
 def test_query_count_not_multiple_of_tile(device, Q, tiles):
     from msda_mm.ops import launch
     args, seed = make_inputs(Q=Q)
