@@ -7,10 +7,10 @@ backward on this GPU (msda_mm/bench/gather.py, msda_mm/bench/scatter.py).
 For each preset and dtype: the forward of msda_mm, a kernel that only
 gathers and sums the same corner rows, and the same kernel reading each
 distinct row once (shuffled and sorted: with a cold L2, the bytes any
-forward must read from DRAM, read by a kernel doing nothing else); then msda_mm's backward, the zero
-fill of its grad_value, a kernel that only does the backward's atomic
-row-adds (into a buffer filled once), and the fill followed by those
-atomics (the backward's floor).  Each is timed as the benchmark times
+forward must read from DRAM, read by a kernel doing nothing else); then
+msda_mm's backward, the zero fill of its grad_value, a kernel that only
+does the backward's atomic row-adds (into a buffer filled once), and the
+fill followed by those atomics (the backward's floor).  Each is timed as the benchmark times
 (CUDA-graph replay after an L2 flush, and CUPTI kernel time), with the
 gathered (or atomically added) bytes per microsecond.  Writes
 <out>/<device-slug>-gather-ceiling.json and prints a table.

@@ -49,16 +49,16 @@ _TILES = {("fwd", 4): (2, 1, 16), ("fwd", 2): (2, 1, 16),
 # rows: bf16 179 against 224 us with 1 query), but a 16-bit decoder is
 # latency-bound and gains from more, smaller programs (bf16, 9.6k rows: 15.6
 # against 16.5 us; 28.8k rows: 27.5 against 27.8): below this many rows a
-# 16-bit (and fp64) forward takes one query per program.  Session 5 re-tried the alternatives on the decoder
-# (bf16, graph cold / CUPTI us, nvidia-h200-decoder-fwd-ab-s5.json): this
-# tile 15.5 / 12.3; multi-warp tiles still lose (2 x 2 x 8 22.2 / 18.9,
-# 4 x 4 x 8 36.4 / 32.8), and so does the pairs kernel with the points split
-# over warps or thread groups (best: 4 queries x 2 slices, 1 warp, 17.0 /
-# 13.3; not shipped).  fp32 keeps 2 queries (fp64, for gradcheck only, was
-# not measured and keeps 1): session 11 (graph / CUPTI us,
-# benchmarks/nvidia-h200-decoder-fwd-s11.json) decoder 19.3 / 15.6 against
-# 20.6 / 17.1 with 1 query, dino_decoder 33.9 / 31.1 against 37.0 / 34.2
-# (bf16 there: 16.8 / 12.9 against 15.5 / 12.3).
+# 16-bit (and fp64) forward takes one query per program.  Session 5 re-tried
+# the alternatives on the decoder (bf16, graph cold / CUPTI us,
+# nvidia-h200-decoder-fwd-ab-s5.json): this tile 15.5 / 12.3; multi-warp tiles
+# still lose (2 x 2 x 8 22.2 / 18.9, 4 x 4 x 8 36.4 / 32.8), and so does the
+# pairs kernel with the points split over warps or thread groups (best: 4
+# queries x 2 slices, 1 warp, 17.0 / 13.3; not shipped).  fp32 keeps 2 queries
+# (fp64, for gradcheck only, was not measured and keeps 1): session 11 (graph /
+# CUPTI us, benchmarks/nvidia-h200-decoder-fwd-s11.json) decoder 19.3 / 15.6
+# against 20.6 / 17.1 with 1 query, dino_decoder 33.9 / 31.1 against 37.0 /
+# 34.2 (bf16 there: 16.8 / 12.9 against 15.5 / 12.3).
 _FWD_FEW_ROWS = 1 << 16
 # msda_fwd_pairs_kernel's queries per one-warp program at D = 32 (8 x 16
 # words of two channels: each thread one 16-byte load per corner row); a
