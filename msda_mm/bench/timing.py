@@ -183,7 +183,7 @@ def autograd_floor_us(device: torch.device, budget_ms: float,
     """Host time (us) of the cheapest differentiable call there is, ``x * 2``
     and its autograd.grad (one kernel each way): what any eager op pays on
     this machine before doing anything, the yardstick for host_fwdbwd_us.
-    ``op``: the same call written otherwise (msda_mm/bench/host.py: as an
+    ``op``: the same call written otherwise (research/host.py: as an
     autograd.Function).  None on CPU."""
     x = torch.zeros(4, 300, 256, device=device, requires_grad=True)
     grad = torch.ones_like(x)

@@ -266,13 +266,6 @@ def fill_zeros(t: torch.Tensor) -> bool:
     return pdl
 
 
-def zeroed(shape, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """torch.zeros through the backward's own fill (for the benchmark tools)."""
-    out = torch.empty(shape, dtype=dtype, device=device)
-    fill_zeros(out)
-    return out
-
-
 def msda_backward(grad_output, value, spatial_shapes, level_start_index, sampling_locations,
                   attention_weights, fp32_grad_accum: bool):
     """Non-empty inputs only.  grad_output (B, Q, M * D).  Returns (grad_value, grad_loc, grad_attn),

@@ -132,14 +132,15 @@ def test_triton_compiled_kernels_runner_gets_a_whole_grid(monkeypatch):
 def test_full_args_are_what_triton_binds_for_every_launch(tmp_path):
     # JITFunction.run hands the compiled kernel every bound parameter in
     # order; FastLaunch must hand the same for each launch the launcher
-    # makes (recorded on meta tensors, as tools/compile_check.py does).  A
+    # makes (recorded on meta tensors, as research/compile_check.py does).  A
     # subprocess: the interpreter, on in this process, has no binder.
     script = """
 import torch
 from triton.backends.compiler import GPUTarget
 from triton.compiler import make_backend
 from triton.runtime.jit import create_function_from_signature
-from msda_mm.ops import compile_check as cc, kernels
+from msda_mm.ops import kernels
+from research import codegen as cc
 from msda_mm.ops.fast_launch import FastLaunch
 backend = make_backend(GPUTarget("cuda", 90, 32))
 def same(a, b):

@@ -15,7 +15,15 @@ import torch
 import triton
 import triton.language as tl
 
-from .gather import check_row_tile
+from msda_mm.ops import launch
+from research.gather import check_row_tile
+
+
+def zeroed(shape, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """torch.zeros through the backward's own fill (launch.fill_zeros)."""
+    out = torch.empty(shape, dtype=dtype, device=device)
+    launch.fill_zeros(out)
+    return out
 
 
 @triton.jit

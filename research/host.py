@@ -27,8 +27,9 @@ from msda_mm.ops.fast_launch import FastLaunch
 from msda_mm.ops.msda import resolve_fp32_grad_accum
 from msda_mm.ops.validate import check_inputs
 
-from .inputs import MSDAInputs
-from .timing import autograd_floor_us, eager_times_us
+from msda_mm.bench.inputs import MSDAInputs
+from msda_mm.bench.timing import autograd_floor_us, eager_times_us
+from research.scatter import zeroed
 
 # launch.py's kernels, by the names it launches them under.
 _KERNELS = tuple(name for name, obj in vars(launch).items() if isinstance(obj, FastLaunch))
@@ -125,7 +126,7 @@ def pieces(inputs: MSDAInputs) -> dict[str, Callable[[], object]]:
         "launch.msda_backward" + NO_LAUNCH: backward,
         "check_inputs": lambda: check_inputs(value, x.spatial_shapes, x.level_start_index,
                                              loc, attn),
-        "launch.zeroed (grad_value)": lambda: launch.zeroed(
+        "zeroed (grad_value)": lambda: zeroed(
             x.value.shape, torch.float32 if accum else x.value.dtype, x.value.device),
         "torch.empty (1 element)": lambda: torch.empty(1, device=x.value.device),
     }

@@ -28,9 +28,9 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource, make_backend
 from triton.runtime.jit import JITFunction, create_function_from_signature
 
-from ..bench.presets import PRESETS
-from . import kernels, launch
-from .msda import resolve_fp32_grad_accum
+from msda_mm.bench.presets import PRESETS
+from msda_mm.ops import kernels, launch
+from msda_mm.ops.msda import resolve_fp32_grad_accum
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 KERNELS = ("fwd", "fwd_pairs", "bwd")

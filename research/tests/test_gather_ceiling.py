@@ -1,14 +1,14 @@
-"""msda_mm.bench.gather / scatter: the gather-only and atomics-only kernels
-behind tools/gather_ceiling.py sum exactly the corner rows an MSDA forward
+"""research.gather / scatter: the gather-only and atomics-only kernels
+behind research/gather_ceiling.py sum exactly the corner rows an MSDA forward
 reads and add into exactly the rows its backward adds into (CPU: Triton
 interpreter)."""
 import pytest
 import torch
 
-from msda_mm.bench.gather import corner_rows, distinct_rows, gather_sum
+from research.gather import corner_rows, distinct_rows, gather_sum
 from msda_mm.bench.inputs import make_inputs
 from msda_mm.bench.presets import PRESETS
-from msda_mm.bench.scatter import scatter_add
+from research.scatter import scatter_add
 from msda_mm.ops import msda_reference
 
 
@@ -88,7 +88,7 @@ def test_bad_shapes_are_refused():
 def _tool():
     import runpy
     from pathlib import Path
-    return runpy.run_path(str(Path(__file__).resolve().parents[1] / "tools/gather_ceiling.py"))
+    return runpy.run_path(str(Path(__file__).resolve().parents[1] / "gather_ceiling.py"))
 
 
 @pytest.mark.parametrize("args, message", [

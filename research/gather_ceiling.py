@@ -1,7 +1,7 @@
 """The gather ceiling of the MSDA forward and the scatter ceiling of its
-backward on this GPU (msda_mm/bench/gather.py, msda_mm/bench/scatter.py).
+backward on this GPU (research/gather.py, research/scatter.py).
 
-    python tools/gather_ceiling.py [--presets encoder,decoder] [--dtypes bf16,fp32]
+    python research/gather_ceiling.py [--presets encoder,decoder] [--dtypes bf16,fp32]
         [--tiles 2x16x1,8x16x4] [--scatter-tiles 1x64x1] [--out benchmarks]
 
 For each preset and dtype: the forward of msda_mm, a kernel that only
@@ -21,19 +21,19 @@ import argparse
 import sys
 from pathlib import Path
 
-# Runs as `python tools/gather_ceiling.py` from a checkout, installed or not.
+# Runs as `python research/gather_ceiling.py` from a checkout, installed or not.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
 from msda_mm import multi_scale_deformable_attention  # noqa: E402
 from msda_mm.bench.cli import names  # noqa: E402
-from msda_mm.bench.gather import corner_rows, distinct_rows, gather_sum  # noqa: E402
+from research.gather import corner_rows, distinct_rows, gather_sum  # noqa: E402
 from msda_mm.bench.inputs import make_inputs  # noqa: E402
 from msda_mm.bench.presets import PRESETS  # noqa: E402
 from msda_mm.bench.report import device_name, environment, slug, write_json  # noqa: E402
 from msda_mm.bench.run import DTYPES  # noqa: E402
-from msda_mm.bench.scatter import scatter_add  # noqa: E402
+from research.scatter import scatter_add, zeroed  # noqa: E402
 from msda_mm.bench.timing import graph_times_us, kernel_times_us  # noqa: E402
 from msda_mm.ops import launch  # noqa: E402
 from msda_mm.ops.msda import resolve_fp32_grad_accum  # noqa: E402
@@ -93,7 +93,7 @@ def _backward_runs(inputs, rows: torch.Tensor, tiles) -> dict:
     nbytes = rows.numel() * value.shape[3] * filled.element_size()
 
     def fill():
-        return launch.zeroed(value.shape, accum_dtype, value.device)
+        return zeroed(value.shape, accum_dtype, value.device)
 
     fill_bytes = filled.numel() * filled.element_size()
     runs = {"msda_mm backward": (lambda: launch.msda_backward(
@@ -113,7 +113,7 @@ def _backward_runs(inputs, rows: torch.Tensor, tiles) -> dict:
 def main(argv=None) -> int:
     args = parse_args(argv)
     if not torch.cuda.is_available():
-        raise SystemExit("tools/gather_ceiling.py times CUDA kernels: it needs a GPU")
+        raise SystemExit("research/gather_ceiling.py times CUDA kernels: it needs a GPU")
     device = torch.device("cuda")
     cells = []
     for name in args.presets:

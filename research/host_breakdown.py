@@ -1,7 +1,7 @@
 """Where the host time of an eager MSDA forward + backward goes
-(msda_mm/bench/host.py).
+(research/host.py).
 
-    python tools/host_breakdown.py [--presets decoder] [--dtypes bf16,fp32]
+    python research/host_breakdown.py [--presets decoder] [--dtypes bf16,fp32]
         [--profile-calls 200] [--torch-profile-calls 50] [--out benchmarks]
 
 For each preset and dtype, the host time of each piece of the call; then,
@@ -22,13 +22,13 @@ import pstats
 import sys
 from pathlib import Path
 
-# Runs as `python tools/host_breakdown.py` from a checkout, installed or not.
+# Runs as `python research/host_breakdown.py` from a checkout, installed or not.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
 from msda_mm.bench.cli import names  # noqa: E402
-from msda_mm.bench.host import host_breakdown, pieces  # noqa: E402
+from research.host import host_breakdown, pieces  # noqa: E402
 from msda_mm.bench.inputs import make_inputs  # noqa: E402
 from msda_mm.bench.presets import PRESETS  # noqa: E402
 from msda_mm.bench.report import device_name, environment, slug, write_json  # noqa: E402

@@ -4,7 +4,7 @@ print what the code generator made of it: the backward's atomics (PTX and
 SASS, CAS loop or not) and the forward's load widths, with registers and
 spills.  Exits non-zero if any variant fails to compile.
 
-    python tools/compile_check.py [--archs 80 90] [--json out.json]
+    python research/compile_check.py [--archs 80 90] [--json out.json]
 """
 import os
 
@@ -19,10 +19,10 @@ import sys  # noqa: E402
 from concurrent.futures import ProcessPoolExecutor  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-# Runs as `python tools/compile_check.py` from a checkout, installed or not.
+# Runs as `python research/compile_check.py` from a checkout, installed or not.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from msda_mm.ops import compile_check as cc  # noqa: E402
+from research import codegen as cc  # noqa: E402
 
 BWD_COLUMNS = ("arch", "dtype", "head_dim", "accum", "ptx_atomics", "sass_atomics", "cas_loop",
                "pdl_waits",

@@ -1,4 +1,4 @@
-"""tools/host_breakdown.py and msda_mm/bench/host.py: every piece is timed,
+"""research/host_breakdown.py and research/host.py: every piece is timed,
 the "no launch" pieces really launch nothing, and the tool writes its JSON
 (CPU: Triton interpreter, the tiny preset)."""
 import json
@@ -10,14 +10,14 @@ from unittest import mock
 import pytest
 import torch
 
-from msda_mm.bench import host
+from research import host
 from msda_mm.bench.inputs import make_inputs
 from msda_mm.bench.presets import PRESETS
 from msda_mm.ops import launch
 
 
 def _main(argv):
-    return runpy.run_path(str(Path(__file__).resolve().parents[1] / "tools/host_breakdown.py"))[
+    return runpy.run_path(str(Path(__file__).resolve().parents[1] / "host_breakdown.py"))[
         "main"](argv)
 
 

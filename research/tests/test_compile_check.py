@@ -1,4 +1,4 @@
-"""tools/compile_check.py: the backward's grad_value atomics, compiled for
+"""research/compile_check.py: the backward's grad_value atomics, compiled for
 sm_80 and sm_90 on the CPU (no GPU needed), at the mmdet default D = 32.
 
 What is checked is what the accumulation-mode auto-selection rests on: bf16
@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-TOOL = Path(__file__).resolve().parents[1] / "tools" / "compile_check.py"
+TOOL = Path(__file__).resolve().parents[1] / "compile_check.py"
 
 
 def _compile_check(out: Path, *args: str, kernel: str = "bwd", dtypes=("bf16",)) -> list:
-    """The rows of ``tools/compile_check.py args`` for one kernel (default:
+    """The rows of ``research/compile_check.py args`` for one kernel (default:
     the bf16 backward).
 
     A subprocess, because conftest.py turned the interpreter on in this
@@ -111,7 +111,7 @@ def test_corner_bounds_checks_compare_unsigned():
     # comparison after Triton's type promotion with the int32 S: one per
     # corner of each sample chunk (the pairs forward: 16 points x 4 corners).
     script = (
-        "from msda_mm.ops import compile_check as cc\n"
+        "from research import codegen as cc\n"
         "for kern in ('fwd', 'fwd_pairs', 'bwd'):\n"
         "    v = cc.variants([90], ['bf16'], [32], (kern,))[0]\n"
         "    k = cc._compile(*cc._recorded_launch(v), 90)\n"
@@ -125,6 +125,6 @@ def test_corner_bounds_checks_compare_unsigned():
 
 
 def test_pairs_variants_only_where_the_launcher_takes_the_pairs_kernel():
-    from msda_mm.ops import compile_check as cc
+    from research import codegen as cc
     rows = cc.variants([90], ["fp32", "bf16", "fp16"], [31, 32], ("fwd_pairs",))
     assert [(v.dtype, v.head_dim) for v in rows] == [("bf16", 32), ("fp16", 32)]
