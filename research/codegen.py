@@ -66,6 +66,7 @@ class Variant:
     head_dim: int
     fp32_accum: Optional[bool] = None  # bwd: grad_value in an fp32 scratch buffer
     auto: Optional[bool] = None  # bwd: fp32_accum is what the op picks on this arch
+    softmax: bool = False  # forwards: attention weights are logits (SOFTMAX)
 
     @property
     def accum(self) -> str:
@@ -87,19 +88,20 @@ def auto_fp32_accum(dtype: str, arch: int) -> bool:
         return resolve_fp32_grad_accum(value, None)
 
 
-def variants(archs, dtypes, head_dims, kernels=KERNELS) -> list[Variant]:
-    """Forward per (arch, dtype, D); backward with the auto-selected
-    accumulation and the other one forced, except for fp32 values, where
-    both modes are the same fp32 kernel."""
+def variants(archs, dtypes, head_dims, kernels=KERNELS, softmax=(False,)) -> list[Variant]:
+    """Forward per (arch, dtype, D) and each of ``softmax``; backward with
+    the auto-selected accumulation and the other one forced, except for
+    fp32 values, where both modes are the same fp32 kernel."""
     out = []
     for arch in archs:
         for dtype in dtypes:
             for d in head_dims:
-                if "fwd" in kernels:
-                    out.append(Variant("fwd", arch, dtype, d))
-                # The launcher sends only even head dims to the pairs kernel.
-                if "fwd_pairs" in kernels and dtype != "fp32" and d % 2 == 0:
-                    out.append(Variant("fwd_pairs", arch, dtype, d))
+                for fused in softmax:
+                    if "fwd" in kernels:
+                        out.append(Variant("fwd", arch, dtype, d, softmax=fused))
+                    # The launcher sends only even head dims to the pairs kernel.
+                    if "fwd_pairs" in kernels and dtype != "fp32" and d % 2 == 0:
+                        out.append(Variant("fwd_pairs", arch, dtype, d, softmax=fused))
                 if "bwd" in kernels:
                     auto = auto_fp32_accum(dtype, arch)
                     out.append(Variant("bwd", arch, dtype, d, auto, True))
@@ -141,7 +143,7 @@ def _recorded_launch(v: Variant):
     with mock.patch.object(launch, name, recorder), \
             mock.patch.object(launch, "fill_zeros", lambda t: v.arch >= 90):
         if v.kernel.startswith("fwd"):
-            launch.msda_forward(*inputs)
+            launch.msda_forward(*inputs, softmax=v.softmax)
         else:
             launch.msda_backward(empty(B, Q, M * D), *inputs, v.fp32_accum)
     if recorder.call is None:

@@ -4,7 +4,7 @@ print what the code generator made of it: the backward's atomics (PTX and
 SASS, CAS loop or not) and the forward's load widths, with registers and
 spills.  Exits non-zero if any variant fails to compile.
 
-    python research/compile_check.py [--archs 80 90] [--json out.json]
+    python research/compile_check.py [--archs 80 90] [--softmax] [--json out.json]
 """
 import os
 
@@ -27,12 +27,12 @@ from research import codegen as cc  # noqa: E402
 BWD_COLUMNS = ("arch", "dtype", "head_dim", "accum", "ptx_atomics", "sass_atomics", "cas_loop",
                "pdl_waits",
                "regs", "spill_stores", "spill_loads", "seconds")
-FWD_COLUMNS = ("arch", "dtype", "head_dim", "ptx_loads", "sass_loads", "regs", "spill_stores",
-               "spill_loads", "seconds")
+FWD_COLUMNS = ("arch", "dtype", "head_dim", "softmax", "ptx_loads", "sass_loads", "regs",
+               "spill_stores", "spill_loads", "seconds")
 
 
 def _cell(row: dict, column: str) -> str:
-    if row["error"] and column not in ("arch", "dtype", "head_dim", "accum"):
+    if row["error"] and column not in ("arch", "dtype", "head_dim", "accum", "softmax"):
         return "FAILED" if column in ("ptx_atomics", "ptx_loads") else ""
     value = row[column]
     if isinstance(value, dict):
@@ -57,11 +57,14 @@ def main(argv=None) -> int:
     # 24: not a power of two (masked tail of the D tile) nor 16-divisible.
     p.add_argument("--head-dims", type=int, nargs="+", default=[cc.SHAPE.head_dim, 24])
     p.add_argument("--kernels", nargs="+", choices=cc.KERNELS, default=list(cc.KERNELS))
+    p.add_argument("--softmax", action="store_true",
+                   help="also compile the forwards that take softmax over attention logits")
     p.add_argument("--jobs", type=int, default=os.cpu_count())
     p.add_argument("--json", help="also write the rows to this file")
     args = p.parse_args(argv)
 
-    todo = cc.variants(args.archs, args.dtypes, args.head_dims, args.kernels)
+    todo = cc.variants(args.archs, args.dtypes, args.head_dims, args.kernels,
+                       (False, True) if args.softmax else (False,))
     if not todo:
         p.error("no kernel variant for these arguments (fwd_pairs takes fp16/bf16 and even "
                 "head dims)")
@@ -78,7 +81,8 @@ def main(argv=None) -> int:
                     FWD_COLUMNS)
     failed = [r for r in rows if r["error"]]
     for r in failed:
-        print(f"\nFAILED {r['kernel']} sm_{r['arch']} {r['dtype']} D={r['head_dim']} {r['accum']}:"
+        print(f"\nFAILED {r['kernel']} sm_{r['arch']} {r['dtype']} D={r['head_dim']} {r['accum']}"
+              f"{' softmax' if r['softmax'] else ''}:"
               f"\n{r['error']}", file=sys.stderr)
     if args.json:
         with open(args.json, "w") as f:

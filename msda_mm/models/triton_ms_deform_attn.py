@@ -62,6 +62,15 @@ class TritonMSDeformAttn(MultiScaleDeformableAttention):
     Forward does no host synchronisation: mmcv's check that spatial_shapes
     cover the value sequence (a device-to-host read) is left to the op, which
     checks it for CPU shapes only.
+
+    The attention weights' softmax over the L * K points of each head, a
+    separate ``.softmax(-1)`` in mmcv, runs inside the op's forward kernel
+    (``softmax=True``, docs/fused_softmax.md): the module hands the op the
+    raw logits of ``attention_weights``.  The result is mmcv's under
+    autocast, where that softmax runs in fp32 (so does the fused one); a
+    half model without autocast gets an fp32 softmax where mmcv's would
+    round the weights to 16 bits.  No switch: outputs, gradients and
+    state_dict are mmcv's either way.
     """
 
     def __init__(self, *args, fp32_grad_accum: Optional[bool] = None,
@@ -120,9 +129,9 @@ class TritonMSDeformAttn(MultiScaleDeformableAttention):
         projected_dtype = value.dtype
         if self.fp32_compute:
             value = value.to(torch.promote_types(projected_dtype, torch.float32))
-        locations, weights = self._sampling_points(query, reference_points, spatial_shapes)
+        locations, logits = self._sampling_points(query, reference_points, spatial_shapes)
         output = multi_scale_deformable_attention(value, spatial_shapes, level_start_index,
-                                                  locations, weights,
+                                                  locations, logits, softmax=True,
                                                   fp32_grad_accum=self.fp32_grad_accum)
         output = self.output_proj(output.to(projected_dtype))
         if not self.batch_first:
@@ -140,12 +149,11 @@ class TritonMSDeformAttn(MultiScaleDeformableAttention):
 
     def _sampling_points(self, query: Tensor, reference_points: Tensor,
                          spatial_shapes: Tensor) -> tuple[Tensor, Tensor]:
-        """Sampling locations (B, Q, M, L, K, 2), at least fp32, and softmaxed
-        attention weights (B, Q, M, L, K) from query (B, Q, C)."""
+        """Sampling locations (B, Q, M, L, K, 2), at least fp32, and attention
+        logits (B, Q, M, L, K) from query (B, Q, C); the op takes their softmax."""
         M, L, K = self.num_heads, self.num_levels, self.num_points
         offsets = self.sampling_offsets(query).unflatten(-1, (M, L, K, 2))
-        weights = self.attention_weights(query).unflatten(-1, (M, L * K))
-        weights = weights.softmax(-1).unflatten(-1, (L, K))
+        logits = self.attention_weights(query).unflatten(-1, (M, L, K))
 
         dtype = _location_dtype(reference_points)
         offsets = offsets.to(dtype)
@@ -160,4 +168,4 @@ class TritonMSDeformAttn(MultiScaleDeformableAttention):
         else:
             raise ValueError("reference_points must end in 2 (x, y) or 4 (x, y, w, h), got "
                              f"shape {tuple(reference_points.shape)}")
-        return locations, weights
+        return locations, logits

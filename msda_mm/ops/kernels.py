@@ -106,14 +106,20 @@ def _program_tile(Q, D: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_D: tl.constex
 
 
 @triton.jit
-def _point_chunk(p0, shapes_ptr, starts_ptr, L: tl.constexpr, K: tl.constexpr,
-                 BLOCK_P: tl.constexpr):
+def _chunk_points(p0, L: tl.constexpr, K: tl.constexpr, BLOCK_P: tl.constexpr):
     """Points p0 .. p0 + BLOCK_P of the flattened (L, K) axis: their level l,
-    point k, bounds mask and level geometry H, W, start ([BLOCK_P] each, int32)."""
+    point k and bounds mask ([BLOCK_P] each)."""
     p = p0 + tl.arange(0, BLOCK_P)
     pmask = p < L * K
-    l = tl.where(pmask, p // K, 0)
-    k = p % K
+    return tl.where(pmask, p // K, 0), p % K, pmask
+
+
+@triton.jit
+def _point_chunk(p0, shapes_ptr, starts_ptr, L: tl.constexpr, K: tl.constexpr,
+                 BLOCK_P: tl.constexpr):
+    """_chunk_points and the points' level geometry H, W, start ([BLOCK_P]
+    each, int32)."""
+    l, k, pmask = _chunk_points(p0, L, K, BLOCK_P)
     H = tl.load(shapes_ptr + 2 * l).to(tl.int32)
     W = tl.load(shapes_ptr + 2 * l + 1).to(tl.int32)
     start = tl.load(starts_ptr + l).to(tl.int32)
@@ -175,6 +181,22 @@ def _sample_chunk(p0, b, m, q, qmask, shapes_ptr, starts_ptr, loc_ptr, attn_ptr,
 
 
 @triton.jit
+def _max_logit(b, m, q, qmask, attn_ptr, stride_ab, stride_aq, stride_am, stride_al,
+               stride_ak, L: tl.constexpr, K: tl.constexpr, BLOCK_P: tl.constexpr,
+               ACC: tl.constexpr):
+    """[BLOCK_Q] largest of the L * K attention logits of each query, read in
+    chunks of BLOCK_P points; 0 for masked queries, so their exps stay finite."""
+    row_max = tl.full(q.shape, float("-inf"), ACC)
+    for p0 in range(0, L * K, BLOCK_P):
+        l, k, pmask = _chunk_points(p0, L, K, BLOCK_P)
+        logits = tl.load(_point_ptrs(attn_ptr, b, q, m, l, k, stride_ab, stride_aq, stride_am,
+                                     stride_al, stride_ak),
+                         mask=qmask[:, None] & pmask[None, :], other=float("-inf"))
+        row_max = tl.maximum(row_max, tl.max(logits.to(ACC), axis=1))
+    return tl.where(qmask, row_max, 0.0)
+
+
+@triton.jit
 def msda_fwd_kernel(
     value_ptr, shapes_ptr, starts_ptr, loc_ptr, attn_ptr, out_ptr,
     Q, S, D: tl.constexpr,
@@ -183,26 +205,43 @@ def msda_fwd_kernel(
     stride_ab, stride_aq, stride_am, stride_al, stride_ak,
     stride_ob, stride_oq, stride_om, stride_od,
     L: tl.constexpr, K: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_P: tl.constexpr,
-    BLOCK_D: tl.constexpr, ACC: tl.constexpr,
+    BLOCK_D: tl.constexpr, ACC: tl.constexpr, SOFTMAX: tl.constexpr,
 ):
     """out[b, q, m, :] = sum_{l,k} attn[b,q,m,l,k] * bilinear(value[b, level l, m, :], loc[b,q,m,l,k]).
 
     value (B, S, M, D); loc (B, Q, M, L, K, 2); attn (B, Q, M, L, K);
     out (B, Q, M, D); shapes (L, 2) int (H, W); starts (L,) int.
     Grid: (cdiv(Q, BLOCK_Q), M, B).
+
+    SOFTMAX: attn holds logits, and the weights are their softmax over the
+    L * K points of each (query, head): a first pass over the logits finds
+    each row's max, the samples are weighted by exp(logit - max), and the
+    sum is divided by the sum of those exps (one exp per sample).
     """
     b, m, q, qmask, offs_d, dmask = _program_tile(Q, D, BLOCK_Q, BLOCK_D)
     v_base = _head_base(value_ptr, b, m, stride_vb, stride_vm)
     acc = tl.zeros([BLOCK_Q, BLOCK_D], dtype=ACC)
+    if SOFTMAX:
+        row_max = _max_logit(b, m, q, qmask, attn_ptr, stride_ab, stride_aq, stride_am,
+                             stride_al, stride_ak, L, K, BLOCK_P, ACC)
+        row_sum = tl.zeros_like(row_max)
     for p0 in range(0, L * K, BLOCK_P):
         w, lx, ly, i00, m00, m01, m10, m11, W, H, live, l, k = _sample_chunk(
             p0, b, m, q, qmask, shapes_ptr, starts_ptr, loc_ptr, attn_ptr, S,
             stride_lb, stride_lq, stride_lm, stride_ll, stride_lk, stride_lc,
             stride_ab, stride_aq, stride_am, stride_al, stride_ak, L, K, BLOCK_P, ACC)
+        if SOFTMAX:
+            # Points past L * K and masked queries weigh exp(-inf) = 0.
+            w = tl.exp(tl.where(live, w - row_max[:, None], float("-inf")))
+            row_sum += tl.sum(w, axis=1)
         v00, v01, v10, v11 = _load_corners(v_base, i00, W, m00, m01, m10, m11, stride_vs,
                                            offs_d, stride_vd, dmask, ACC)
         c00, c01, c10, c11 = _corner_weights(w, lx, ly)
         acc += tl.sum(c00 * v00 + c01 * v01 + c10 * v10 + c11 * v11, axis=1)
+    if SOFTMAX:
+        # A live row's sum is >= 1 (its max point weighs exp(0)); masked rows
+        # are not stored.
+        acc = acc * (1.0 / tl.where(qmask, row_sum, 1.0))[:, None]
 
     o_ptrs = _row_ptrs(_head_base(out_ptr, b, m, stride_ob, stride_om), q, stride_oq,
                        offs_d, stride_od)
@@ -235,6 +274,7 @@ def msda_fwd_pairs_kernel(
     stride_ab, stride_aq, stride_am, stride_al, stride_ak,
     stride_ob, stride_oq, stride_om,
     L: tl.constexpr, K: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_D: tl.constexpr,
+    SOFTMAX: tl.constexpr,
 ):
     """msda_fwd_kernel for fp16/bf16 values, another tiling: a program owns a
     [BLOCK_Q, BLOCK_D] tile of queries x channels and loops over the L * K
@@ -246,6 +286,10 @@ def msda_fwd_pairs_kernel(
     D even, unit channel stride).  sm_90 SASS per sample: 19.5 instructions
     against msda_fwd_kernel's 25.8 (bf16) and 23.8 (fp16).
     Grid: (cdiv(Q, BLOCK_Q), M, B).
+
+    SOFTMAX as in msda_fwd_kernel, the max pass over one [BLOCK_Q, L * K]
+    tile (sm_90, encoder call: 2672 SASS instructions against 2504 without
+    SOFTMAX; unrolled over the points like the main loop, 2704).
     """
     HALF: tl.constexpr = out_ptr.dtype.element_ty
     b, m, q, qmask, offs_j, jmask = _program_tile(Q, D // 2, BLOCK_Q, BLOCK_D // 2)
@@ -257,6 +301,11 @@ def msda_fwd_pairs_kernel(
     attn_q = _head_base(attn_ptr, b, m, stride_ab, stride_am) + q.to(tl.int64) * stride_aq
     acc_lo = tl.zeros([BLOCK_Q, BLOCK_D // 2], dtype=tl.float32)
     acc_hi = tl.zeros([BLOCK_Q, BLOCK_D // 2], dtype=tl.float32)
+    if SOFTMAX:
+        row_max = _max_logit(b, m, q, qmask, attn_ptr, stride_ab, stride_aq, stride_am,
+                             stride_al, stride_ak, L, K, triton.next_power_of_2(L * K),
+                             tl.float32)
+        row_sum = tl.zeros([BLOCK_Q], dtype=tl.float32)
     for l in tl.static_range(L):
         H = tl.load(shapes_ptr + 2 * l).to(tl.int32)
         W = tl.load(shapes_ptr + 2 * l + 1).to(tl.int32)
@@ -267,6 +316,9 @@ def msda_fwd_pairs_kernel(
             y = tl.load(lp + stride_lc, mask=qmask, other=0.0).to(tl.float32)
             w = tl.load(attn_q + l * stride_al + k * stride_ak, mask=qmask,
                         other=0.0).to(tl.float32)
+            if SOFTMAX:
+                w = tl.exp(w - row_max)
+                row_sum += w
             i00, m00, m01, m10, m11, lx, ly = _bilinear_corners(x, y, H, W, start, S, qmask)
             p00 = _row_ptrs(v_base, i00, row, offs_j, 1)
             p10 = p00 + W.to(tl.int64) * row
@@ -284,6 +336,10 @@ def msda_fwd_pairs_kernel(
             acc_lo, acc_hi = _acc_pair_rows(acc_lo, acc_hi, p10 + row, m11[:, None] & jm,
                                             w * ly * lx, HALF)
 
+    if SOFTMAX:
+        inv_sum = (1.0 / row_sum)[:, None]
+        acc_lo *= inv_sum
+        acc_hi *= inv_sum
     lo = acc_lo.to(HALF).to(tl.int16, bitcast=True).to(tl.int32) & 65535
     hi = acc_hi.to(HALF).to(tl.int16, bitcast=True).to(tl.int32) << 16
     o_base = _head_base(out_ptr, b, m, stride_ob, stride_om).to(words)

@@ -164,12 +164,13 @@ def _grid(value: torch.Tensor, Q: int, block_q: int):
 
 
 def msda_forward(value, spatial_shapes, level_start_index, sampling_locations,
-                 attention_weights) -> torch.Tensor:
+                 attention_weights, softmax: bool = False) -> torch.Tensor:
     """Non-empty inputs only (B * Q * M * D > 0).
 
     value (B, S, M, D); spatial_shapes (L, 2) int; level_start_index (L,)
     int; sampling_locations (B, Q, M, L, K, 2); attention_weights
-    (B, Q, M, L, K).  Returns (B, Q, M * D) in value's dtype."""
+    (B, Q, M, L, K), or with ``softmax`` logits whose softmax over the
+    L * K points the kernel takes.  Returns (B, Q, M * D) in value's dtype."""
     B, S, M, D = value.shape
     _, Q, _, L, K, _ = sampling_locations.shape
     out = value.new_empty(B, Q, M, D)
@@ -188,7 +189,7 @@ def msda_forward(value, spatial_shapes, level_start_index, sampling_locations,
             Q, S, D,
             *value.stride()[:strides], *sampling_locations.stride(),
             *attention_weights.stride(), *out.stride()[:strides],
-            L=L, K=K, **meta,
+            L=L, K=K, SOFTMAX=softmax, **meta,
         )
     return out.view(B, Q, M * D)
 

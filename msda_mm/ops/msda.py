@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from . import launch
-from .reference import level_start_index_from_shapes, msda_reference
+from .reference import level_start_index_from_shapes, msda_reference, point_softmax
 from .validate import check_inputs, check_level_sizes
 
 
@@ -79,14 +79,14 @@ def _alert_nondeterministic() -> None:
 
 
 def _forward_impl(value, spatial_shapes, level_start_index, sampling_locations,
-                  attention_weights) -> Tensor:
+                  attention_weights, softmax) -> Tensor:
     if _is_empty(value, sampling_locations):
         B, _, M, D = value.shape
         return value.new_zeros(B, sampling_locations.shape[1], M * D)
     _require_triton(value)
     check_level_sizes(spatial_shapes, value.shape[1])
     return launch.msda_forward(value, spatial_shapes, level_start_index, sampling_locations,
-                               attention_weights)
+                               attention_weights, softmax)
 
 
 def _backward_impl(grad_output, value, spatial_shapes, level_start_index, sampling_locations,
@@ -101,19 +101,44 @@ def _backward_impl(grad_output, value, spatial_shapes, level_start_index, sampli
                                 resolve_fp32_grad_accum(value, fp32_grad_accum))
 
 
+def _backward_through_softmax(backward, grad_output, value, spatial_shapes, level_start_index,
+                              sampling_locations, attention_weights, fp32_grad_accum, softmax):
+    """``backward``'s (grad_value, grad_loc, grad_attn); with ``softmax`` the
+    weights are logits: the backward runs on their point_softmax p and the
+    logits' gradient is softmax's own backward of grad_attn.
+
+    p is recomputed, not kept from the forward: kept, it would be a second
+    forward output (a store and a pointer the kernels do not have), in fp32
+    where AMP logits are bf16 (twice the saved bytes); recomputing is one
+    softmax over B*Q*M*L*K logits (decoder: 0.6 MB in fp32, against the
+    39 MB of bf16 corner rows the backward gathers)."""
+    if not softmax:
+        return backward(grad_output, value, spatial_shapes, level_start_index,
+                        sampling_locations, attention_weights, fp32_grad_accum)
+    p = point_softmax(attention_weights)
+    grad_value, grad_loc, grad_p = backward(grad_output, value, spatial_shapes,
+                                            level_start_index, sampling_locations, p,
+                                            fp32_grad_accum)
+    # Autograd's own softmax backward, p * (grad_p - sum(p * grad_p)), in p's dtype.
+    grad_logits = torch._softmax_backward_data(grad_p.flatten(-2), p.flatten(-2), -1, p.dtype)
+    return (grad_value, grad_loc,
+            grad_logits.view(attention_weights.shape).to(attention_weights.dtype))
+
+
 @torch.library.custom_op("msda_mm::msda_forward", mutates_args=())
 def msda_forward(value: Tensor, spatial_shapes: Tensor, level_start_index: Tensor,
                  sampling_locations: Tensor, attention_weights: Tensor,
-                 fp32_grad_accum: Optional[bool]) -> Tensor:
+                 fp32_grad_accum: Optional[bool], softmax: bool = False) -> Tensor:
     """Shapes as in ``multi_scale_deformable_attention``; returns (B, Q, M*D)
-    in value's dtype.  fp32_grad_accum only travels to the backward."""
+    in value's dtype.  fp32_grad_accum only travels to the backward;
+    softmax: attention_weights are logits (see the functional API)."""
     return _forward_impl(value, spatial_shapes, level_start_index, sampling_locations,
-                         attention_weights)
+                         attention_weights, softmax)
 
 
 @msda_forward.register_fake
 def _(value, spatial_shapes, level_start_index, sampling_locations, attention_weights,
-      fp32_grad_accum):
+      fp32_grad_accum, softmax=False):
     B, _, M, D = value.shape
     return value.new_empty(B, sampling_locations.shape[1], M * D)
 
@@ -137,19 +162,18 @@ def _(grad_output, value, spatial_shapes, level_start_index, sampling_locations,
 
 
 def _setup_context(ctx, inputs, output):
-    value, spatial_shapes, level_start_index, sampling_locations, attention_weights, accum = inputs
+    (value, spatial_shapes, level_start_index, sampling_locations, attention_weights, accum,
+     softmax) = inputs
     ctx.save_for_backward(value, spatial_shapes, level_start_index, sampling_locations,
                           attention_weights)
     ctx.fp32_grad_accum = accum
+    ctx.softmax = softmax
 
 
 def _backward(ctx, grad_output):
-    value, spatial_shapes, level_start_index, sampling_locations, attention_weights = \
-        ctx.saved_tensors
-    grad_value, grad_loc, grad_attn = msda_backward(
-        grad_output, value, spatial_shapes, level_start_index, sampling_locations,
-        attention_weights, ctx.fp32_grad_accum)
-    return grad_value, None, None, grad_loc, grad_attn, None
+    grad_value, grad_loc, grad_attn = _backward_through_softmax(
+        msda_backward, grad_output, *ctx.saved_tensors, ctx.fp32_grad_accum, ctx.softmax)
+    return grad_value, None, None, grad_loc, grad_attn, None, None
 
 
 msda_forward.register_autograd(_backward, setup_context=_setup_context)
@@ -169,18 +193,18 @@ class _EagerMSDA(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, value, spatial_shapes, level_start_index, sampling_locations,
-                attention_weights, fp32_grad_accum):
+                attention_weights, fp32_grad_accum, softmax):
         _setup_context(ctx, (value, spatial_shapes, level_start_index, sampling_locations,
-                             attention_weights, fp32_grad_accum), None)
+                             attention_weights, fp32_grad_accum, softmax), None)
         return _forward_impl(value, spatial_shapes, level_start_index, sampling_locations,
-                             attention_weights)
+                             attention_weights, softmax)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_output):
-        grad_value, grad_loc, grad_attn = _backward_impl(grad_output, *ctx.saved_tensors,
-                                                         ctx.fp32_grad_accum)
-        return grad_value, None, None, grad_loc, grad_attn, None
+        grad_value, grad_loc, grad_attn = _backward_through_softmax(
+            _backward_impl, grad_output, *ctx.saved_tensors, ctx.fp32_grad_accum, ctx.softmax)
+        return grad_value, None, None, grad_loc, grad_attn, None, None
 
 
 def multi_scale_deformable_attention(
@@ -192,6 +216,7 @@ def multi_scale_deformable_attention(
     im2col_step: Optional[int] = None,
     *,
     fp32_grad_accum: Optional[bool] = None,
+    softmax: bool = False,
 ) -> Tensor:
     """Multi-Scale Deformable Attention, a drop-in for mmcv's
     ``MultiScaleDeformableAttnFunction.apply`` (same positional arguments).
@@ -203,24 +228,36 @@ def multi_scale_deformable_attention(
             derive them from spatial_shapes (on the device, no sync).
         sampling_locations: (B, Q, M, L, K, 2) normalised (x, y); may be a
             different float dtype than value (kept, never rounded to value's).
-        attention_weights: (B, Q, M, L, K) float, any float dtype.
+        attention_weights: (B, Q, M, L, K) float, any float dtype: the
+            weights of the samples, or with ``softmax`` their logits.
         im2col_step: accepted for mmcv compatibility and ignored.
         fp32_grad_accum: accumulate grad_value in fp32 scratch (True), in
             value's dtype with native atomics (False), or choose from the
             device (None): fp32 only for bf16 below compute capability 9.0.
+        softmax: attention_weights are raw logits, and the weights are
+            their softmax over the L * K points of each (query, head),
+            taken inside the forward kernel (max subtracted, in fp32 or
+            fp64 like the rest), in place of mmcv's separate
+            ``attention_weights.softmax(-1)`` before the op: one kernel and
+            one (B, Q, M, L, K) tensor less in the forward.  Same result as
+            ``point_softmax`` (a softmax in at least fp32) before the op;
+            the gradient for attention_weights is that of the logits.
 
     Returns:
         (B, Q, M * D) in value's dtype.  Gradients flow to value,
         sampling_locations and attention_weights, each in its own dtype.
     """
     del im2col_step
+    if not isinstance(softmax, bool):
+        raise TypeError(f"softmax must be True or False, got {softmax!r}")
     check_inputs(value, spatial_shapes, level_start_index, sampling_locations, attention_weights)
     if not _use_triton(value):
         check_level_sizes(spatial_shapes, value.shape[1])
-        return msda_reference(value, spatial_shapes, sampling_locations, attention_weights,
+        weights = point_softmax(attention_weights) if softmax else attention_weights
+        return msda_reference(value, spatial_shapes, sampling_locations, weights,
                               level_start_index).to(value.dtype)
     if level_start_index is None:
         level_start_index = level_start_index_from_shapes(spatial_shapes)
     op = msda_forward if torch.compiler.is_compiling() else _EagerMSDA.apply
     return op(value, spatial_shapes, level_start_index, sampling_locations, attention_weights,
-              fp32_grad_accum)
+              fp32_grad_accum, softmax)

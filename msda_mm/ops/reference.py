@@ -23,6 +23,15 @@ def level_start_index_from_shapes(spatial_shapes: torch.Tensor) -> torch.Tensor:
     return torch.cumsum(sizes, 0) - sizes
 
 
+def point_softmax(attention_logits: torch.Tensor) -> torch.Tensor:
+    """Softmax of (B, Q, M, L, K) attention logits over the L * K points of
+    each (query, head), in at least fp32: what autocast makes of mmcv's
+    ``attention_weights.softmax(-1)`` on 16-bit logits."""
+    dtype = torch.promote_types(attention_logits.dtype, torch.float32)
+    return torch.softmax(attention_logits.flatten(-2), -1, dtype=dtype).view(
+        attention_logits.shape)
+
+
 def msda_reference(
     value: torch.Tensor,
     spatial_shapes: torch.Tensor,

@@ -72,16 +72,16 @@ FLOOR = {torch.float64: 1e-12, torch.float32: 32 * 2.0**-24, torch.float16: 4 * 
          torch.bfloat16: 4 * 2.0**-8}
 
 
-def assert_close_to_reference(args, device, seed, **kw):
+def assert_close_to_reference(args, device, seed, reference=reference_fn, **kw):
     """The op's output and three gradients vs fp64 truth: each relative error
-    at most twice the pure-PyTorch reference's own error in the same dtypes
-    (or the dtype's rounding floor)."""
+    at most twice the pure-PyTorch ``reference``'s own error in the same
+    dtypes (or the dtype's rounding floor).  ``kw`` goes to the op."""
     on_dev = {k: (v.to(device) if v is not None else None) for k, v in args.items()}
     out, grads, grad_out = run_op(on_dev, **kw)
     cpu = {k: (v.cpu() if v is not None else None) for k, v in args.items()}
-    ref_out, ref_grads, _ = run_op(cpu, fn=reference_fn, grad_out=grad_out.cpu())
+    ref_out, ref_grads, _ = run_op(cpu, fn=reference, grad_out=grad_out.cpu())
     f64 = {k: (v.double() if k in FLOAT_INPUTS else v) for k, v in cpu.items()}
-    true_out, true_grads, _ = run_op(f64, fn=reference_fn, grad_out=grad_out.cpu().double())
+    true_out, true_grads, _ = run_op(f64, fn=reference, grad_out=grad_out.cpu().double())
 
     assert out.dtype == args["value"].dtype and out.device.type == device
     for name, ours, ref, truth in [("output", out, ref_out, true_out)] + [

@@ -16,16 +16,25 @@ def _on(args, device):
     return {k: (v.to(device) if v is not None else None) for k, v in args.items()}
 
 
+# softmax: attention_weights (uniform in [0, 1]) are logits; the gradient
+# is the logits' (d/d logits through the softmax inside the op).
+SOFTMAX = pytest.mark.parametrize("softmax", [False, True], ids=["weights", "logits"])
+
+
+# The interpreter runs two forwards per input element: the softmax case
+# takes fewer (56) elements, each (query, head) still a softmax over 4 points.
+@pytest.mark.parametrize("softmax,Q,M,D", [(False, 3, 2, 3), (True, 2, 1, 2)],
+                         ids=["weights", "logits"])
 @pytest.mark.parametrize("device", DEVICES)
-def test_gradcheck_fp64(device):
+def test_gradcheck_fp64(device, softmax, Q, M, D):
     # Locations away from pixel-grid kinks, where bilinear is differentiable.
-    args, seed = make_inputs(B=1, Q=3, M=2, D=3, shapes=((3, 4), (2, 2)), K=2,
+    args, seed = make_inputs(B=1, Q=Q, M=M, D=D, shapes=((3, 4), (2, 2)), K=2,
                              dtype=torch.float64, lo=0.05, hi=0.95)
     a = _on(args, device)
     inputs = [a[k].requires_grad_() for k in FLOAT_INPUTS]
 
     def fn(value, loc, attn):
-        return msda(value, a["spatial_shapes"], None, loc, attn)
+        return msda(value, a["spatial_shapes"], None, loc, attn, softmax=softmax)
 
     assert torch.autograd.gradcheck(fn, inputs, eps=1e-6, atol=1e-5), f"seed {seed}"
 
@@ -36,28 +45,32 @@ def _op_args(device, dtype=torch.float32):
     return args
 
 
+@SOFTMAX
 @pytest.mark.parametrize("device", DEVICES)
-def test_opcheck_forward_and_backward(device):
+def test_opcheck_forward_and_backward(device, softmax):
     a = _op_args(device)
     fwd_args = (a["value"].requires_grad_(), a["spatial_shapes"], a["level_start_index"],
                 a["sampling_locations"].requires_grad_(), a["attention_weights"].requires_grad_(),
-                None)
+                None, softmax)
     torch.library.opcheck(torch.ops.msda_mm.msda_forward.default, fwd_args)
     grad_out = torch.randn(2, 5, 16, device=device)
     bwd_args = (grad_out, *(t.detach() for t in fwd_args[:5]), None)
     torch.library.opcheck(torch.ops.msda_mm.msda_backward.default, bwd_args)
 
 
+@SOFTMAX
 @pytest.mark.parametrize("device", DEVICES)
-def test_torch_compile_fullgraph(device):
-    """No graph break: the op is one opaque node forward and backward.  The
-    CPU run uses aot_eager (Inductor's CPU codegen needs a C++ toolchain; the
-    op itself is opaque either way); the GPU run uses Inductor."""
+def test_torch_compile_fullgraph(device, softmax):
+    """No graph break: the op is one opaque node forward and backward (with
+    softmax, the backward's softmax recompute and its gradient are traced
+    around it).  The CPU run uses aot_eager (Inductor's CPU codegen needs a
+    C++ toolchain; the op itself is opaque either way); the GPU run uses
+    Inductor."""
     a = _on(make_inputs()[0], device)
     backend = "inductor" if device == "cuda" else "aot_eager"
 
     def f(value, loc, attn):
-        return msda(value, a["spatial_shapes"], None, loc, attn) * 2
+        return msda(value, a["spatial_shapes"], None, loc, attn, softmax=softmax) * 2
 
     compiled = torch.compile(f, fullgraph=True, backend=backend)
     eager_out, eager_grads, g = run_op(a, fn=lambda v, s, i, l, w: f(v, l, w))
