@@ -86,9 +86,10 @@ def check_level_sizes(spatial_shapes: torch.Tensor, S: int) -> None:
 
     Only for CPU shapes, where reading them costs no device synchronisation
     (the kernels also mask any index past S, so CUDA shapes that disagree
-    read zeros rather than out of bounds).
+    read zeros rather than out of bounds), and not while torch.compile or
+    torch.export traces, where the values are unknown.
     """
-    if spatial_shapes.device.type != "cpu":
+    if spatial_shapes.device.type != "cpu" or torch.compiler.is_compiling():
         return
     total = int((spatial_shapes[:, 0].long() * spatial_shapes[:, 1].long()).sum())
     if total != S:
