@@ -47,6 +47,8 @@ PAIRS_SHAPE = PRESETS["encoder"]
 _PTX_OP = r"^\s*(?:@!?%p\d+\s+)?({}\.[\w.]+)"
 _PTX_ATOMIC = re.compile(_PTX_OP.format("(?:atom|red)"), re.M)
 _PTX_LOAD = re.compile(_PTX_OP.format(r"ld\.global"), re.M)
+# tl.exp of fp32: ex2.approx of x * log2(e) (the SOFTMAX forwards only).
+_PTX_EXP = re.compile(_PTX_OP.format(r"ex2"), re.M)
 # REDG? followed by a dot leaves out REDUX (a warp reduction, not an atomic).
 _SASS_ATOMIC = re.compile(r"\b((?:ATOM[GS]?|REDG?)\.[\w.]+)")
 _SASS_LOAD = re.compile(r"\b(LDG\.[\w.]+)")
@@ -194,6 +196,7 @@ def analyse(ptx: str, sass: str) -> dict:
         ptx_loads=_count(_PTX_LOAD, ptx), sass_loads=_count(_SASS_LOAD, sass),
         regs=int(_SASS_REGS.search(sass).group(1)),
         pdl_waits=sum(op == "griddepcontrol.wait" for op in _PTX_PDL_WAIT.findall(ptx)),
+        exps=len(_PTX_EXP.findall(ptx)),
         spill_stores=spills.get("STL", 0), spill_loads=spills.get("LDL", 0),
     )
 

@@ -27,7 +27,7 @@ from research import codegen as cc  # noqa: E402
 BWD_COLUMNS = ("arch", "dtype", "head_dim", "accum", "ptx_atomics", "sass_atomics", "cas_loop",
                "pdl_waits",
                "regs", "spill_stores", "spill_loads", "seconds")
-FWD_COLUMNS = ("arch", "dtype", "head_dim", "softmax", "ptx_loads", "sass_loads", "regs",
+FWD_COLUMNS = ("arch", "dtype", "head_dim", "softmax", "ptx_loads", "sass_loads", "exps", "regs",
                "spill_stores", "spill_loads", "seconds")
 
 

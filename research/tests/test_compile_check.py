@@ -105,6 +105,22 @@ def test_pairs_forward_reads_16_byte_words_without_spills(tmp_path):
         assert row["spill_stores"] == 0 and row["spill_loads"] == 0, row
 
 
+def test_fused_softmax_forward_adds_exps_only(tmp_path):
+    # softmax=True (msda_fwd_kernel, the decoder's call): one exp per sample
+    # and a max pass over the logits, the value rows read as before and no
+    # spills; the default variants have no exp at all.
+    rows = _compile_check(tmp_path / "rows.json", "--archs", "90", "--head-dims", "32",
+                          "--softmax", kernel="fwd", dtypes=("bf16", "fp32"))
+    by_key = {(r["arch"], r["dtype"], r["softmax"]): r for r in rows}
+    assert len(by_key) == 4
+    for (arch, dtype, softmax), row in by_key.items():
+        assert row["error"] is None, row
+        assert row["spill_stores"] == 0 and row["spill_loads"] == 0, row
+        default = by_key[arch, dtype, False]
+        assert row["sass_loads"]["LDG.E.128"] == default["sass_loads"]["LDG.E.128"], row
+        assert (row["exps"] > 0) == softmax, row
+
+
 def test_corner_bounds_checks_compare_unsigned():
     # _bilinear_corners keeps wrapped int32 indices (shapes that disagree
     # with value) in bounds only if `i.to(uint32) < S` stays an unsigned
