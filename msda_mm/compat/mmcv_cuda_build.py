@@ -180,8 +180,11 @@ def _compile(folder: Path, files: list[str], includes: list[str], arch_list: str
     log = folder / LOG
     with _arch_list(arch_list):
         try:
-            # verbose=False: ninja's output comes back in the exception.
+            # verbose=False: ninja's output comes back in the exception.  -O3:
+            # mmcv's setup.py build optimises host code with Python's CFLAGS
+            # (-O3), a JIT build does not unless asked.
             module = cpp_extension.load(name=MODULE, sources=files, extra_include_paths=includes,
+                                        extra_cflags=["-O3"], extra_cuda_cflags=["-O3"],
                                         build_directory=str(folder), verbose=False)
         except Exception as e:
             log.write_text(f"{type(e).__name__}: {e}\n")

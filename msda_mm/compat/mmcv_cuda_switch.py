@@ -34,6 +34,8 @@ from mmcv.ops import multi_scale_deform_attn
 from . import ext_stub, mmcv_cuda_build, mmcv_msda
 
 ENV = "MSDA_MM_MMCV_CUDA"
+# What mmcv's module passes unless configured otherwise (mmdet's DINO keeps it).
+IM2COL_STEP = 64
 _OFF = ("", "0")
 _DEFAULT = "1"
 _FUNCTION = multi_scale_deform_attn.MultiScaleDeformableAttnFunction
@@ -49,6 +51,14 @@ def _kernels(source) -> ModuleType:
         return mmcv_cuda_build.load_extension(source)
     raise TypeError(f"kernels must be a module, a build folder or None, "
                     f"got {type(source).__name__}")
+
+
+def mmcv_function(value, spatial_shapes, level_start_index, sampling_locations,
+                  attention_weights):
+    """``MultiScaleDeformableAttnFunction.apply`` as mmcv's module calls it,
+    on whatever the Function is routed to now."""
+    return _FUNCTION.apply(value, spatial_shapes, level_start_index, sampling_locations,
+                           attention_weights, IM2COL_STEP)
 
 
 def use_mmcv_cuda_msda(kernels=None) -> ModuleType:

@@ -14,7 +14,7 @@ from msda_mm.compat import mmcv_cuda_build
 from msda_mm.compat.mmcv_cuda_build import BuildError
 from msda_mm.compat.mmcv_sdist import SOURCES, SdistError, extract_sources, sdist_url
 
-from .mmcv_fakes import FAKE_SOURCES, THC, fake_build, fake_sdist, member
+from mmcv_fakes import FAKE_SOURCES, THC, fake_build, fake_sdist, member, pretend_gpu
 
 ATEN = "#include <ATen/cuda/Atomic.cuh>"
 PATCHED = ("pytorch/cuda/ms_deform_attn_cuda.cu", "common/pytorch_cuda_helper.hpp")
@@ -84,11 +84,9 @@ def toolchain(monkeypatch, tmp_path):
     (home / "bin").mkdir(parents=True)
     (home / "bin" / "nvcc").write_text("")
     monkeypatch.setattr(torch.version, "cuda", "13.0")
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    pretend_gpu(monkeypatch, tmp_path / "cache")
     monkeypatch.setattr(mmcv_cuda_build.cpp_extension, "CUDA_HOME", str(home))
     monkeypatch.setattr(mmcv_cuda_build.cpp_extension, "is_ninja_available", lambda: True)
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     monkeypatch.delenv("TORCH_CUDA_ARCH_LIST", raising=False)
     return home
 
@@ -118,9 +116,10 @@ class FakeCompiler:
     def __init__(self):
         self.calls = []
 
-    def __call__(self, name, sources, extra_include_paths, build_directory, verbose):
+    def __call__(self, name, sources, extra_include_paths, extra_cflags, extra_cuda_cflags,
+                 build_directory, verbose):
         self.calls.append(dict(name=name, sources=sources, includes=extra_include_paths,
-                               folder=build_directory,
+                               flags=(extra_cflags, extra_cuda_cflags), folder=build_directory,
                                arch_list=os.environ.get("TORCH_CUDA_ARCH_LIST")))
         library = Path(build_directory) / f"{name}.so"
         library.write_bytes(b"")
@@ -139,6 +138,7 @@ def test_a_build_lands_in_the_cache_and_is_reused(tmp_path, toolchain, monkeypat
     assert built.library == folder / "msda_mm_mmcv_msda.so"
     assert compiler.calls == [dict(
         name="msda_mm_mmcv_msda", folder=str(folder), arch_list="9.0",
+        flags=(["-O3"], ["-O3"]),
         sources=[str(folder / "binding.cpp"), str(folder / "src" / SOURCES[0])],
         includes=[str(folder / "src/common"), str(folder / "src/common/cuda")])]
     assert "TORCH_CUDA_ARCH_LIST" not in os.environ

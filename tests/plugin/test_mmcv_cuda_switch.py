@@ -13,7 +13,7 @@ import torch
 import msda_mm
 from msda_mm.compat import MMCV_LITE, ext_stub, mmcv_cuda_build, mmcv_cuda_switch
 
-from .mmcv_fakes import fake_build
+from mmcv_fakes import fake_build, pretend_gpu
 
 # isort: split
 from mmcv.ops import multi_scale_deform_attn
@@ -112,11 +112,8 @@ def test_compiled_mmcv_is_left_alone(monkeypatch, kernels):
 
 @pytest.fixture
 def on_gpu(monkeypatch, tmp_path):
-    """torch seeing an sm 9.0 GPU; the build for it (default folder) is a fake one."""
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    yield fake_build(mmcv_cuda_build.default_build_dir())
+    """A pretended GPU whose default build is a fake one (its folder)."""
+    yield fake_build(pretend_gpu(monkeypatch, tmp_path / "cache"))
     mmcv_cuda_switch.use_triton_msda()
 
 

@@ -92,3 +92,12 @@ def fake_build(folder: Path, source: str = KERNELS_SOURCE, **manifest) -> Path:
     fields.update(manifest)
     (folder / mmcv_cuda_build.MANIFEST).write_text(json.dumps(fields))
     return folder
+
+
+def pretend_gpu(monkeypatch, cache: Path) -> Path:
+    """torch sees an sm 9.0 GPU and msda_mm's builds are cached under
+    ``cache``; returns the default build folder (not made)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(cache))
+    return mmcv_cuda_build.default_build_dir()
