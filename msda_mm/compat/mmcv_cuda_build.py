@@ -223,6 +223,8 @@ def build(sdist, folder=None, force: bool = False) -> Build:
             and cached.torch == torch.__version__ and (folder / cached.library).is_file()):
         return Build(folder, cached, compiled=False)
     folder.mkdir(parents=True, exist_ok=True)
+    # Until this build succeeds the folder holds none.
+    (folder / MANIFEST).unlink(missing_ok=True)
     files, includes = write_sources(sources, folder)
     arch_list = os.environ.get("TORCH_CUDA_ARCH_LIST") or f"{major}.{minor}"
     module = _compile(folder, files, includes, arch_list)
@@ -230,11 +232,22 @@ def build(sdist, folder=None, force: bool = False) -> Build:
                         capability=f"{major}.{minor}", arch_list=arch_list,
                         sdist=str(Path(sdist).resolve()), sdist_sha256=sources.sha256,
                         module=module.__name__, library=Path(module.__file__).name)
+    _register(folder / manifest.library, module, manifest)
     (folder / MANIFEST).write_text(json.dumps(asdict(manifest), indent=1) + "\n")
     return Build(folder, manifest, compiled=True)
 
 
+# Each library is imported once a process (cpp_extension.load imports the one it builds).
 _LOADED: dict[Path, ModuleType] = {}
+
+
+def _register(library: Path, module: ModuleType, manifest: Manifest) -> None:
+    missing = [op for op in OPS if not hasattr(module, op)]
+    if missing:
+        raise BuildError(f"{library} lacks {', '.join(missing)}: not a build of mmcv's "
+                         f"MSDA kernels")
+    module.msda_mm_manifest = manifest
+    _LOADED[library.resolve()] = module
 
 
 def _import_library(library: Path, name: str) -> ModuleType:
@@ -269,13 +282,7 @@ def load_extension(path=None) -> ModuleType:
                          f"this GPU's is {here}: rebuild it here")
     library = (folder / manifest.library).resolve()
     if library not in _LOADED:
-        module = _import_library(library, manifest.module)
-        missing = [op for op in OPS if not hasattr(module, op)]
-        if missing:
-            raise BuildError(f"{library} lacks {', '.join(missing)}: not a build of mmcv's "
-                             f"MSDA kernels")
-        module.msda_mm_manifest = manifest
-        _LOADED[library] = module
+        _register(library, _import_library(library, manifest.module), manifest)
     return _LOADED[library]
 
 

@@ -57,9 +57,13 @@ def bf16_excess(got: Tensor, want: Tensor, magnitude: Tensor, units: float) -> T
 
 
 def _forward_backward(args: dict, value: Tensor, grad_out: Tensor,
-                      op: Callable = multi_scale_deformable_attention) -> tuple[Tensor, ...]:
-    """(output, grad_value, grad_loc, grad_attn) of ``op`` (value,
-    spatial_shapes, level_start_index, locations, weights) on ``args`` with ``value``."""
+                      fp32_grad_accum: Optional[bool],
+                      op: Optional[Callable] = None) -> tuple[Tensor, ...]:
+    """(output, grad_value, grad_loc, grad_attn) on ``args`` with ``value`` of
+    the op with ``fp32_grad_accum``, or of ``op`` (value, spatial_shapes,
+    level_start_index, locations, weights) if given."""
+    if op is None:
+        op = partial(multi_scale_deformable_attention, fp32_grad_accum=fp32_grad_accum)
     leaves = [t.detach().clone().requires_grad_()
               for t in (value, args["sampling_locations"], args["attention_weights"])]
     out = op(leaves[0], args["spatial_shapes"], args["level_start_index"], leaves[1], leaves[2])
@@ -77,9 +81,9 @@ def compare_to_mmcv(args: dict, grad_out: Tensor, mmcv: MmcvSide) -> dict:
 
     value, grad_out = args["value"].float(), grad_out.float()
     with torch.autocast(value.device.type, enabled=False), torch.enable_grad():
-        ours = _forward_backward(args, value, grad_out)
+        ours = _forward_backward(args, value, grad_out, None)
         with mmcv.route():
-            theirs = _forward_backward(args, value, grad_out, mmcv_op)
+            theirs = _forward_backward(args, value, grad_out, None, mmcv_op)
     return {name: relative_difference(a, b) for name, a, b in
             zip(("output", "grad_value", "grad_loc", "grad_attn"), ours, theirs)}
 
@@ -98,12 +102,10 @@ def compare_to_fp32(args: dict, grad_out: Tensor, fp32_grad_accum: bool) -> dict
     if value.dtype != torch.bfloat16:
         raise TypeError(f"compare_to_fp32 checks a bf16 value, got {value.dtype}")
     with torch.autocast(value.device.type, enabled=False), torch.enable_grad():
-        out32, gv32, gl32, ga32 = _forward_backward(args, value.float(), grad_out.float())
-        out16, gv16, gl16, ga16 = _forward_backward(
-            args, value, grad_out,
-            partial(multi_scale_deformable_attention, fp32_grad_accum=fp32_grad_accum))
+        out32, gv32, gl32, ga32 = _forward_backward(args, value.float(), grad_out.float(), None)
+        out16, gv16, gl16, ga16 = _forward_backward(args, value, grad_out, fp32_grad_accum)
         out_abs, gv_abs, _, _ = _forward_backward(args, value.float().abs(),
-                                                  grad_out.float().abs())
+                                                  grad_out.float().abs(), None)
     units = 0.5 if value.is_cuda else 1.0
     result = dict(output=bf16_excess(out16, out32, out_abs, units).max().item(),
                   grad_value=(bf16_excess(gv16, gv32, gv_abs, 0.5).max().item()

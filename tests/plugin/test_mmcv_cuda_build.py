@@ -111,7 +111,8 @@ def test_a_missing_toolchain_part_is_named(tmp_path, toolchain, monkeypatch, mis
 
 class FakeCompiler:
     """cpp_extension.load: records its arguments and TORCH_CUDA_ARCH_LIST,
-    writes the library file and returns a module named like the extension."""
+    writes the library file and returns a module named like the extension,
+    with the two ops."""
 
     def __init__(self):
         self.calls = []
@@ -125,6 +126,7 @@ class FakeCompiler:
         library.write_bytes(b"")
         module = types.ModuleType(name)
         module.__file__ = str(library)
+        module.ms_deform_attn_forward = module.ms_deform_attn_backward = print
         return module
 
 
@@ -147,6 +149,8 @@ def test_a_build_lands_in_the_cache_and_is_reused(tmp_path, toolchain, monkeypat
         "2.1.0", torch.__version__, "13.0", "9.0", extract_sources(sdist).sha256,
         "msda_mm_mmcv_msda", "msda_mm_mmcv_msda.so")
     assert mmcv_cuda_build.found_build() == folder
+    # The module the build imported is the one loaded: no second import.
+    assert mmcv_cuda_build.load_extension().__file__ == str(built.library)
     # The same sdist again: nothing compiled, unless forced.
     again = mmcv_cuda_build.build(sdist)
     assert not again.compiled and again.manifest == m and len(compiler.calls) == 1
@@ -173,6 +177,19 @@ def test_a_failed_compile_points_at_its_log(tmp_path, toolchain, monkeypatch):
     assert "nvcc fatal: sm_99" in log.read_text()
     assert mmcv_cuda_build.read_manifest(log.parent) is None
     assert "TORCH_CUDA_ARCH_LIST" not in os.environ
+
+
+def test_a_failed_rebuild_leaves_no_build_behind(tmp_path, toolchain, monkeypatch):
+    monkeypatch.setattr(mmcv_cuda_build.cpp_extension, "load", FakeCompiler())
+    built = mmcv_cuda_build.build(fake_sdist(tmp_path))
+
+    def failing(**kwargs):
+        raise RuntimeError("Error building extension: out of disk")
+
+    monkeypatch.setattr(mmcv_cuda_build.cpp_extension, "load", failing)
+    with pytest.raises(BuildError):
+        mmcv_cuda_build.build(fake_sdist(tmp_path), force=True)
+    assert mmcv_cuda_build.read_manifest(built.folder) is None
 
 
 def test_a_build_loads_once_and_says_where_it_is_from(tmp_path):
