@@ -24,6 +24,7 @@ import mmcv
 import torch
 from torch.utils import cpp_extension
 
+from .mmcv_cuda_binding import BINDING
 from .mmcv_sdist import CUDA_SOURCE, INCLUDE_DIRS, MmcvSources, extract_sources
 
 MODULE = "msda_mm_mmcv_msda"
@@ -31,60 +32,6 @@ MANIFEST = "manifest.json"
 LOG = "build.log"
 OPS = ("ms_deform_attn_forward", "ms_deform_attn_backward")
 BUILD_TOOL = "python tools/build_mmcv_msda.py --sdist mmcv-{}.tar.gz (or --download)"
-
-# mmcv's own binding (pytorch/ms_deform_attn.cpp, pybind.cpp) is device
-# dispatch around these two; this one keeps its names, argument names and
-# device guard, so mmcv's Function calls it as it calls mmcv._ext.
-BINDING = r"""
-#include <torch/extension.h>
-
-at::Tensor ms_deform_attn_cuda_forward(
-    const at::Tensor &value, const at::Tensor &spatial_shapes,
-    const at::Tensor &level_start_index, const at::Tensor &sampling_loc,
-    const at::Tensor &attn_weight, const int im2col_step);
-
-void ms_deform_attn_cuda_backward(
-    const at::Tensor &value, const at::Tensor &spatial_shapes,
-    const at::Tensor &level_start_index, const at::Tensor &sampling_loc,
-    const at::Tensor &attn_weight, const at::Tensor &grad_output,
-    at::Tensor &grad_value, at::Tensor &grad_sampling_loc,
-    at::Tensor &grad_attn_weight, const int im2col_step);
-
-static at::Tensor forward(
-    const at::Tensor &value, const at::Tensor &spatial_shapes,
-    const at::Tensor &level_start_index, const at::Tensor &sampling_loc,
-    const at::Tensor &attn_weight, const int im2col_step) {
-  at::DeviceGuard guard(value.device());
-  return ms_deform_attn_cuda_forward(value, spatial_shapes, level_start_index,
-                                     sampling_loc, attn_weight, im2col_step);
-}
-
-static void backward(
-    const at::Tensor &value, const at::Tensor &spatial_shapes,
-    const at::Tensor &level_start_index, const at::Tensor &sampling_loc,
-    const at::Tensor &attn_weight, const at::Tensor &grad_output,
-    at::Tensor &grad_value, at::Tensor &grad_sampling_loc,
-    at::Tensor &grad_attn_weight, const int im2col_step) {
-  at::DeviceGuard guard(value.device());
-  ms_deform_attn_cuda_backward(value, spatial_shapes, level_start_index,
-                               sampling_loc, attn_weight, grad_output,
-                               grad_value, grad_sampling_loc, grad_attn_weight,
-                               im2col_step);
-}
-
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("ms_deform_attn_forward", &forward, py::arg("value"),
-        py::arg("value_spatial_shapes"), py::arg("value_level_start_index"),
-        py::arg("sampling_locations"), py::arg("attention_weights"),
-        py::arg("im2col_step"));
-  m.def("ms_deform_attn_backward", &backward, py::arg("value"),
-        py::arg("value_spatial_shapes"), py::arg("value_level_start_index"),
-        py::arg("sampling_locations"), py::arg("attention_weights"),
-        py::arg("grad_output"), py::arg("grad_value"),
-        py::arg("grad_sampling_loc"), py::arg("grad_attn_weight"),
-        py::arg("im2col_step"));
-}
-"""
 
 
 class BuildError(RuntimeError):
