@@ -1,5 +1,6 @@
 """tools/benchmark.py and msda_mm.bench on CPU: the input generators, the
-targets check, and a smoke run of the whole tool on the tiny preset."""
+targets check, a smoke run of the whole tool on the tiny preset, and the
+mmcv_cuda rows (mmcv's Function on a fake build of its kernels)."""
 import csv
 import json
 import math
@@ -11,7 +12,15 @@ import torch
 
 from msda_mm.bench.inputs import CLUSTER_SIGMA_PX, make_inputs
 from msda_mm.bench.presets import PRESETS, Preset, pyramid
+from msda_mm.bench.report import console_table
 from msda_mm.bench.targets import apply_targets, load_targets
+from msda_mm.compat import MMCV_LITE
+
+# isort: split
+# After msda_mm, whose mmcv-lite shims make it importable.
+from mmcv.ops import multi_scale_deform_attn
+
+from mmcv_fakes import fake_build, pretend_gpu
 
 TOOL = Path(__file__).resolve().parents[1] / "tools" / "benchmark.py"
 
@@ -154,3 +163,44 @@ def test_tile_specs():
     for bad in ("msda_mm@p8x1x2,1x1", "msda_mm@2x1", "msda_mm@ax1,1x1"):
         with pytest.raises(ValueError, match="tile spec"):
             tiled(bad)
+
+
+@pytest.fixture
+def mmcv_cuda_impl(monkeypatch, tmp_path):
+    """msda_mm.bench.impls with a pretended GPU and nothing built yet (the
+    default build folder); its cached look-up of the build reset around."""
+    from msda_mm.bench import impls
+    impls._mmcv_cuda_kernels.cache_clear()
+    yield impls, pretend_gpu(monkeypatch, tmp_path / "cache")
+    impls._mmcv_cuda_kernels.cache_clear()
+
+
+@pytest.mark.skipif(not MMCV_LITE, reason="mmcv_cuda is mmcv-lite's baseline")
+def test_mmcv_cuda_rows_say_why_they_do_not_run(mmcv_cuda_impl):
+    impls, _ = mmcv_cuda_impl
+    cuda, fp32 = torch.device("cuda"), torch.float32
+    assert impls.unavailable("mmcv_cuda", torch.device("cpu"), fp32) == "mmcv's op is CUDA only"
+    assert impls.unavailable("mmcv_cuda", cuda, torch.bfloat16) == "mmcv has no bf16 kernels"
+    assert "tools/build_mmcv_msda.py" in impls.unavailable("mmcv_cuda", cuda, fp32)
+    table = console_table([dict(preset="tiny", dist="uniform", dtype="bf16", impl="mmcv_cuda",
+                                status="n/a", note="mmcv has no bf16 kernels")])
+    assert "n/a   mmcv_cuda (1 cells): mmcv has no bf16 kernels" in table
+
+
+@pytest.mark.skipif(not MMCV_LITE, reason="mmcv_cuda is mmcv-lite's baseline")
+def test_mmcv_cuda_runs_mmcvs_function_on_the_build(mmcv_cuda_impl):
+    # The fake build computes with msda_mm's reference: mmcv's Function on CPU
+    # tensors reaches it as it would reach the real kernels on CUDA ones.
+    impls, folder = mmcv_cuda_impl
+    fake_build(folder)
+    assert impls.unavailable("mmcv_cuda", torch.device("cuda"), torch.float16) is None
+    x = make_inputs(PRESETS["tiny"], "uniform").to("cpu", torch.float64)
+    with impls.routed("mmcv_cuda"):
+        out = impls.bind("mmcv_cuda", x)(x.value, x.sampling_locations, x.attention_weights)
+    kernels = impls._mmcv_cuda_kernels()
+    assert [c["dtypes"] for c in kernels.CALLS] == [(torch.float64,) * 3]  # cast to value's
+    assert kernels.CALLS[0]["im2col_step"] == 64
+    want = impls.bind("reference", x)(x.value, x.sampling_locations.double(),
+                                      x.attention_weights.double())
+    torch.testing.assert_close(out, want, rtol=0, atol=0)
+    assert multi_scale_deform_attn.ext_module is not kernels

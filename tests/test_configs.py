@@ -1,8 +1,10 @@
 """Every shipped config builds, uses msda_mm's op in every multi-scale
-deformable attention, needs no download, and each bf16 config differs from
-its fp32 twin only in the optimizer wrapper."""
+deformable attention (but the mmcv CUDA baselines, which keep mmcv's module
+and switch it to mmcv's kernels), needs no download, and each bf16 or fp16
+config differs from its fp32 twin only in the optimizer wrapper."""
 from pathlib import Path
 
+import mmdet
 import pytest
 from mmengine.config import Config
 from mmengine.registry import init_default_scope
@@ -17,6 +19,8 @@ from mmdet.registry import MODELS
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 ALL = sorted(p.relative_to(CONFIGS).as_posix() for p in CONFIGS.rglob("*.py"))
 BF16 = [c for c in ALL if c.endswith("_bf16.py")]
+MMCV_CUDA = [c for c in ALL if "mmcv_cuda" in c]
+STOCK_DINO = "dino/dino-4scale_r50_8xb2-12e_coco.py"
 
 
 def _load(name: str) -> Config:
@@ -28,9 +32,7 @@ def test_the_documented_configs_ship():
             "synthetic/dino_r50_synthetic_bf16.py", "synthetic/dino_tiny_cpu.py"} <= set(ALL)
 
 
-@pytest.mark.parametrize("name", ALL)
-def test_model_builds_with_triton_msda_everywhere(name):
-    cfg = _load(name)
+def _msda_of_model(cfg: Config) -> list:
     assert "msda_mm" in cfg.custom_imports.imports
     # Nothing may be downloaded at run time.
     assert cfg.model.backbone.init_cfg is None
@@ -38,7 +40,48 @@ def test_model_builds_with_triton_msda_everywhere(name):
     model = MODELS.build(cfg.model)
     msda = [m for m in model.modules() if isinstance(m, MultiScaleDeformableAttention)]
     assert len(msda) == cfg.model.encoder.num_layers + cfg.model.decoder.num_layers
-    assert all(type(m) is TritonMSDeformAttn for m in msda)
+    return msda
+
+
+@pytest.mark.parametrize("name", [c for c in ALL if c not in MMCV_CUDA])
+def test_model_builds_with_triton_msda_everywhere(name):
+    assert all(type(m) is TritonMSDeformAttn for m in _msda_of_model(_load(name)))
+
+
+@pytest.mark.parametrize("name", MMCV_CUDA)
+def test_mmcv_cuda_baseline_keeps_mmcvs_module_and_switches_its_kernels(name):
+    cfg = _load(name)
+    assert "msda_mm.compat.with_mmcv_cuda" in cfg.custom_imports.imports
+    assert all(type(m) is MultiScaleDeformableAttention for m in _msda_of_model(cfg))
+
+
+def _unscoped(value):
+    # A base named 'mmdet::...' tags each of its dicts with _scope_='mmdet'.
+    if isinstance(value, dict):
+        return {k: _unscoped(v) for k, v in value.items() if k != "_scope_"}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_unscoped(v) for v in value)
+    return value
+
+
+def test_mmcv_cuda_baseline_is_mmdets_dino_but_for_downloads():
+    stock = Config.fromfile(str(Path(mmdet.__file__).parent / ".mim/configs" / STOCK_DINO))
+    stock = stock.to_dict()
+    ours = _unscoped(_load("dino_mmcv_cuda_fp32.py").to_dict())
+    assert ours.pop("custom_imports")["imports"] == ["msda_mm", "msda_mm.compat.with_mmcv_cuda"]
+    assert ours["model"]["backbone"].pop("init_cfg") is None
+    stock["model"]["backbone"].pop("init_cfg")
+    assert ours == stock
+
+
+def test_mmcv_cuda_fp16_config_is_its_fp32_twin_plus_amp():
+    fp16 = _load("dino_mmcv_cuda_fp16.py").to_dict()
+    fp32 = _load("dino_mmcv_cuda_fp32.py").to_dict()
+    amp, plain = fp16.pop("optim_wrapper"), fp32.pop("optim_wrapper")
+    assert fp16 == fp32
+    assert (amp.pop("type"), amp.pop("dtype"), amp.pop("loss_scale"), plain.pop("type")) == \
+        ("AmpOptimWrapper", "float16", "dynamic", "OptimWrapper")
+    assert amp == plain
 
 
 @pytest.mark.parametrize("name", BF16)

@@ -1,8 +1,9 @@
 """tools/parity.py on CPU: the same checkpoint evaluated with msda_mm's and
 mmcv's MSDA passes with near-identical layer outputs; a perturbed mmcv side
 fails; a short training run writes both loss curves; grads and kernels run
-on one batch; and the op switch swaps exactly what it says (on mmcv-lite
-also mmcv's CUDA entry point)."""
+on one batch; the op switch swaps exactly what it says (on mmcv-lite also
+mmcv's CUDA entry point); and the mmcv side runs what it is chosen to run
+(a fake build stands in for mmcv's CUDA kernels)."""
 import json
 import os
 import runpy
@@ -15,7 +16,9 @@ import torch
 from mmengine.config import Config
 from mmengine.registry import init_default_scope
 
-from msda_mm.compat import MMCV_LITE
+import msda_mm
+from msda_mm.compat import MMCV_LITE, mmcv_cuda_switch
+from msda_mm.compat.mmcv_cuda_build import BuildError, load_extension
 from msda_mm.datasets.synthetic import ann_file
 from msda_mm.e2e import attention
 from msda_mm.models import TritonMSDeformAttn
@@ -24,6 +27,8 @@ from msda_mm.models import TritonMSDeformAttn
 # After msda_mm, whose mmcv-lite shims make these importable.
 from mmcv.ops import MultiScaleDeformableAttention, multi_scale_deform_attn
 from mmdet.registry import MODELS
+
+from mmcv_fakes import fake_build, pretend_gpu
 
 ROOT = Path(__file__).resolve().parents[1]
 TOOLS = ROOT / "tools"
@@ -166,14 +171,29 @@ def test_bad_command_lines_say_what_is_wrong(parity_tool, capsys):
 def test_kernels_report_passes_only_if_every_call_does(parity_tool, capsys):
     call = dict(call=0, value=[2, 30, 8, 32], locations=[2, 7, 8, 4, 4, 2],
                 fp32_grad_accum=True, output=-0.4, grad_value=-0.2, grad_loc=3e-7,
-                grad_attn=2e-7, passed=True)
+                grad_attn=2e-7, passed=True, mmcv_fp32=None)
     native = dict(call, fp32_grad_accum=False, grad_value=None)
-    assert parity_tool["_print_kernels"]("cfg.py", [call, native], "out.json") == 0
-    assert "PASS: 2 of 2 checks within" in capsys.readouterr().out
-    bad = dict(call, call=1, output=1.5, passed=False)
-    assert parity_tool["_print_kernels"]("cfg.py", [call, native, bad], "out.json") == 3
+    ops = dict(triton="msda_mm Triton kernels", mmcv="mmcv multi_scale_deformable_attn_pytorch")
+    assert parity_tool["_print_kernels"]("cfg.py", [call, native], "out.json", ops) == 0
     out = capsys.readouterr().out
-    assert "FAIL: 2 of 3 checks within" in out and out.count("FAIL") == 2
+    assert "PASS: 2 of 2 checks within" in out
+    assert "  mmcv: mmcv multi_scale_deformable_attn_pytorch" in out
+    # The difference from mmcv's kernels is shown, not judged.
+    far = dict(call, call=1, mmcv_fp32=dict(output=1e-7, grad_value=2e-7, grad_loc=0.5,
+                                            grad_attn=1e-7))
+    bad = dict(call, call=2, output=1.5, passed=False)
+    assert parity_tool["_print_kernels"]("cfg.py", [call, native, far, bad], "out.json",
+                                         ops) == 3
+    out = capsys.readouterr().out
+    assert "FAIL: 3 of 4 checks within" in out and out.count("FAIL") == 2
+    assert "  5.0e-01  ok" in out
+
+
+def test_mmcv_cuda_that_cannot_run_stops_the_tool(parity_tool):
+    args = parity_tool["argparse"].Namespace(mmcv="cuda")
+    with pytest.raises(SystemExit, match="--mmcv cuda: mmcv's CUDA kernels need a model on a "
+                                         "CUDA device, not cpu"):
+        parity_tool["_mmcv_side"](args, torch.device("cpu"))
 
 
 class TwoLayers(torch.nn.Module):
@@ -192,6 +212,79 @@ def test_use_op_switches_every_attention_and_restores(op, cls):
         assert type(model.triton) is type(model.mmcv) is cls
     assert type(model.triton) is TritonMSDeformAttn
     assert type(model.mmcv) is MultiScaleDeformableAttention
+
+
+@pytest.fixture
+def fake_mmcv_kernels(monkeypatch, tmp_path):
+    """A pretended GPU whose default build is a fake one (its folder);
+    mmcv-lite's default route afterwards."""
+    yield fake_build(pretend_gpu(monkeypatch, tmp_path / "cache"))
+    mmcv_cuda_switch.use_triton_msda()
+
+
+@pytest.mark.skipif(not MMCV_LITE, reason="msda_mm builds mmcv's kernels for mmcv-lite")
+def test_the_mmcv_side_is_chosen_as_asked(monkeypatch, tmp_path):
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert attention.mmcv_side(None, cpu) is attention.MMCV_PYTORCH
+    assert attention.mmcv_side("pytorch", cuda) is attention.MMCV_PYTORCH
+    with pytest.raises(ValueError, match="need a model on a CUDA device, not cpu"):
+        attention.mmcv_side("cuda", cpu)
+    with pytest.raises(ValueError, match="must be one of"):
+        attention.mmcv_side("triton", cuda)
+    folder = pretend_gpu(monkeypatch, tmp_path)
+    # Nothing built: the default falls back, 'cuda' says how to build.
+    assert attention.mmcv_side(None, cuda) is attention.MMCV_PYTORCH
+    with pytest.raises(BuildError, match="tools/build_mmcv_msda.py"):
+        attention.mmcv_side("cuda", cuda)
+    fake_build(folder)
+    side = attention.mmcv_side(None, cuda)
+    assert side == attention.MmcvSide("cuda", load_extension(folder))
+    assert attention.describe("mmcv", cuda, side) == \
+        "mmcv 2.1.0 CUDA kernels (msda_mm build, sm 9.0)"
+    assert attention.describe("mmcv", cpu, side) == "mmcv multi_scale_deformable_attn_pytorch"
+
+
+@pytest.mark.skipif(not MMCV_LITE, reason="msda_mm builds mmcv's kernels for mmcv-lite")
+def test_the_mmcv_side_runs_its_kernels_inside_use_op_only(fake_mmcv_kernels):
+    function = multi_scale_deform_attn.MultiScaleDeformableAttnFunction
+    kernels = load_extension(fake_mmcv_kernels)
+    with attention.use_op(TwoLayers(), "mmcv", attention.MmcvSide("cuda", kernels)):
+        assert multi_scale_deform_attn.ext_module is kernels and "apply" not in vars(function)
+    assert function.apply is msda_mm.multi_scale_deformable_attention
+    assert mmcv_cuda_switch.active() is None
+
+
+@pytest.mark.skipif(not MMCV_LITE, reason="msda_mm builds mmcv's kernels for mmcv-lite")
+def test_reports_say_what_each_class_runs_as_configured(fake_mmcv_kernels):
+    model, cuda = TwoLayers(), torch.device("cuda")
+    assert attention.as_configured(model, torch.device("cpu")) == dict(
+        TritonMSDeformAttn=attention.describe("triton", torch.device("cpu")),
+        MultiScaleDeformableAttention="mmcv multi_scale_deformable_attn_pytorch")
+    assert attention.as_configured(model, cuda) == dict(
+        TritonMSDeformAttn="msda_mm Triton kernels",
+        MultiScaleDeformableAttention="msda_mm Triton kernels (mmcv-lite's route of mmcv's "
+                                      "Function)")
+    with mmcv_cuda_switch.mmcv_cuda_msda(load_extension(fake_mmcv_kernels)):
+        assert attention.as_configured(model, cuda)["MultiScaleDeformableAttention"] == \
+            "mmcv 2.1.0 CUDA kernels (msda_mm build, sm 9.0)"
+
+
+@pytest.mark.skipif(not MMCV_LITE, reason="msda_mm builds mmcv's kernels for mmcv-lite")
+def test_fp32_kernels_are_compared_with_mmcvs(fake_mmcv_kernels):
+    # The fake build is msda_mm's reference: the Triton kernels (interpreted)
+    # against it, to fp32 rounding of sums of 4 corners x 2 levels x 2 points.
+    from msda_mm.e2e import kernel_check
+    g = torch.Generator().manual_seed(0)
+    shapes = torch.tensor([[3, 4], [2, 2]])
+    args = dict(value=torch.randn(1, 16, 2, 4, generator=g).bfloat16(), spatial_shapes=shapes,
+                level_start_index=torch.tensor([0, 12]),
+                sampling_locations=torch.rand(1, 3, 2, 2, 2, 2, generator=g),
+                attention_weights=torch.rand(1, 3, 2, 2, 2, generator=g))
+    side = attention.MmcvSide("cuda", load_extension(fake_mmcv_kernels))
+    diffs = kernel_check.compare_to_mmcv(args, torch.randn(1, 3, 8, generator=g), side)
+    assert set(diffs) == {"output", "grad_value", "grad_loc", "grad_attn"}
+    assert all(0 <= d < 1e-6 for d in diffs.values()), diffs
+    assert mmcv_cuda_switch.active() is None
 
 
 @pytest.mark.skipif(not MMCV_LITE, reason="mmcv's own CUDA kernels need no re-routing")

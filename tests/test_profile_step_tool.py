@@ -20,7 +20,8 @@ from msda_mm.e2e.profiling import STEP, SYNC_EVENTS, summarise
 ROOT = Path(__file__).resolve().parents[1]
 TOOL = ROOT / "tools" / "profile_step.py"
 CONFIG = str(ROOT / "configs/synthetic/dino_tiny_cpu.py")
-KEYS = {"config", "batch_size", "image_size", "precision", "msda_modules", "compiled_modules",
+KEYS = {"config", "batch_size", "image_size", "precision", "msda_modules", "msda_kernels",
+        "compiled_modules",
         "warmup", "iters",
         "profile_iters", "ms_per_iter", "ms_per_iter_median", "images_per_s", "peak_memory_mib",
         "device_ms_per_iter", "msda_ms_per_iter", "msda_share", "cpu_ms_per_iter", "host_top",
@@ -52,6 +53,7 @@ def test_two_steps_on_cpu_write_the_report(tmp_path):
     assert (report["batch_size"], report["image_size"], report["precision"]) == (2, [64, 96],
                                                                                   "fp32")
     assert report["msda_modules"] == {"TritonMSDeformAttn": 6}
+    assert report["msda_kernels"] == {"TritonMSDeformAttn": "msda_mm PyTorch reference (CPU)"}
     assert len(report["step_ms"]) == 2 and report["ms_per_iter"] > 0
     assert report["images_per_s"] == pytest.approx(2e3 / report["ms_per_iter"])
     # CPU: host time only.
@@ -61,7 +63,9 @@ def test_two_steps_on_cpu_write_the_report(tmp_path):
     assert set(report["sync_points_per_iter"]) == set(SYNC_EVENTS)
     # DINO reads losses and matching costs back to the host every step.
     assert report["sync_points_per_iter"]["aten::_local_scalar_dense"] > 0
-    assert "| batch | images | precision | ms/iter |" in (out / "profile.md").read_text()
+    markdown = (out / "profile.md").read_text()
+    assert "| batch | images | precision | ms/iter |" in markdown
+    assert "MSDA: 6 x TritonMSDeformAttn: msda_mm PyTorch reference (CPU)" in markdown
     # Off CUDA the waits are attributed from the trace (the sync debug mode is CUDA's).
     assert report["sync_sources_method"] == "torch.profiler trace"
     assert report["waits_per_iter"] is None and report["sync_iters"] == 2

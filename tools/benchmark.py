@@ -1,4 +1,4 @@
-"""Benchmark msda_mm's MSDA op against the PyTorch reference and mmcv.
+"""Benchmark msda_mm's MSDA op against the PyTorch reference and mmcv's CUDA kernels.
 
     python tools/benchmark.py                      # whole matrix on cuda -> benchmarks/
     python tools/benchmark.py --out benchmarks $OUT --targets targets.json
@@ -44,7 +44,8 @@ def parse_args(argv):
                    help="value dtypes; locations and weights are always fp32")
     p.add_argument("--locations", type=names(DISTRIBUTIONS), default=DISTRIBUTIONS)
     p.add_argument("--impl", type=names(IMPLS), default=IMPLS,
-                   help="mmcv only runs where a compiled mmcv is importable (else n/a)")
+                   help="mmcv: compiled mmcv's CUDA kernels; mmcv_cuda: on mmcv-lite, msda_mm's "
+                        "build of them (tools/build_mmcv_msda.py); else n/a, as for bf16")
     p.add_argument("--device", type=torch.device, default=torch.device("cuda"),
                    help="cpu: smoke test, perf_counter wall times, no graphs or memory")
     p.add_argument("--fp32-grad-accum", choices=_ACCUM, default="auto",

@@ -2,14 +2,18 @@
 inside a whole detector.
 
     python tools/parity.py eval CONFIG CHECKPOINT [--max-batches N] [--tolerance-ap 0.1]
-        [--tolerance-layer X] [--out DIR] [--cfg-options k=v ...]
-    python tools/parity.py train CONFIG [--iters N] [--seed S] [--out DIR] [--cfg-options k=v ...]
-    python tools/parity.py grads CONFIG [--checkpoint CKPT] [--seed S] [--out DIR] [--cfg-options k=v ...]
-    python tools/parity.py kernels CONFIG [--checkpoint CKPT] [--seed S] [--max-calls N] [--out DIR]
+        [--tolerance-layer X] [--mmcv {cuda,pytorch}] [--out DIR] [--cfg-options k=v ...]
+    python tools/parity.py train CONFIG [--iters N] [--seed S] [--mmcv {cuda,pytorch}] [--out DIR]
         [--cfg-options k=v ...]
+    python tools/parity.py grads CONFIG [--checkpoint CKPT] [--seed S] [--out DIR] [--cfg-options k=v ...]
+    python tools/parity.py kernels CONFIG [--checkpoint CKPT] [--seed S] [--max-calls N]
+        [--mmcv {cuda,pytorch}] [--out DIR] [--cfg-options k=v ...]
 
 Each run switches every MSDA module of one model between the two ops (same
-weights: see msda_mm/e2e/attention.py for what the mmcv side runs).
+weights: see msda_mm/e2e/attention.py for what the mmcv side runs).  On CUDA
+the mmcv side runs mmcv's own CUDA kernels where they are here (compiled
+mmcv, or on mmcv-lite the build of tools/build_mmcv_msda.py), else mmcv's
+PyTorch function; --mmcv chooses, and every report says what each side ran.
 
 eval: tests the checkpoint with each op (both COCO AP tables), compares the
 outputs of every attention layer on the first test batch, and exits 0 if
@@ -31,7 +35,8 @@ kernels: also msda_mm's own precision, on the op's real inputs: one training
 batch's forward (the config's AMP, so a bf16 config on CUDA), with each of
 the first --max-calls op calls on a bf16 value also run, forward and
 backward, on the bf16 and the fp32 kernels and checked against each other
-(msda_mm/e2e/kernel_check.py); exits
+(msda_mm/e2e/kernel_check.py), and with mmcv's CUDA kernels the fp32
+kernels' relative difference from them reported beside (not judged); exits
 0 if every call is within, 3 if one is not, 4 if no call had a bf16 value
 (1 and 2 stay Python's and argparse's: a crash, a bad command line).
 Writes parity_kernels.json.
@@ -54,7 +59,8 @@ from train import check_precision
 # isort: split
 # After common, which imports msda_mm (mmcv-lite shims first).
 from msda_mm.e2e import compare, gradients, kernel_check, training
-from msda_mm.e2e.attention import OPS, describe, recorded_outputs, use_op
+from msda_mm.compat.mmcv_cuda_build import BuildError
+from msda_mm.e2e.attention import MMCV_KERNELS, OPS, describe, mmcv_side, recorded_outputs, use_op
 from msda_mm.e2e.cli import (add_config_args, config_namespace, model_device, positive_int,
                              write_json)
 from msda_mm.e2e.plot import plot_loss_curves
@@ -85,6 +91,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     ev.add_argument("--tolerance-layer", type=non_negative_float, metavar="X",
                     help="also fail if an attention layer's outputs differ by more than this "
                          "(max abs); default: reported only")
+    _add_mmcv_arg(ev)
     ev.set_defaults(run=evaluate)
 
     tr = commands.add_parser("train", help="train a few steps with each op and compare")
@@ -94,6 +101,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     tr.add_argument("--seed", type=int, default=0, metavar="S",
                     help="seed of weights, data order and random draws, the same for both ops "
                          "(default 0)")
+    _add_mmcv_arg(tr)
     tr.set_defaults(run=train)
 
     gr = commands.add_parser("grads", help="one batch's gradients with the op as configured, "
@@ -108,8 +116,25 @@ def parse_args(argv=None) -> argparse.Namespace:
     _add_batch_args(ke)
     ke.add_argument("--max-calls", type=positive_int, default=32, metavar="N",
                     help="op calls to check (default 32; a DINO step makes 12)")
+    _add_mmcv_arg(ke)
     ke.set_defaults(run=kernels)
     return parser.parse_args(argv)
+
+
+def _add_mmcv_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--mmcv", choices=MMCV_KERNELS,
+                        help="what the mmcv side runs on CUDA: cuda (mmcv's own kernels: "
+                             "compiled mmcv's, or on mmcv-lite the build of "
+                             "tools/build_mmcv_msda.py) or pytorch (mmcv's "
+                             "multi_scale_deformable_attn_pytorch); default: cuda where those "
+                             "kernels are here, else pytorch")
+
+
+def _mmcv_side(args: argparse.Namespace, device: torch.device):
+    try:
+        return mmcv_side(args.mmcv, device)
+    except (ValueError, BuildError) as e:
+        raise SystemExit(f"--mmcv {args.mmcv}: {e}") from None
 
 
 def _add_batch_args(parser: argparse.ArgumentParser) -> None:
@@ -139,13 +164,13 @@ def _score_tested_images_only(runner) -> None:
         metric.img_ids = img_ids
 
 
-def _first_batch_outputs(runner) -> dict:
+def _first_batch_outputs(runner, mmcv) -> dict:
     """Each op's attention-layer outputs on the first test batch."""
     model = runner.model.eval()
     batch = next(iter(runner.test_dataloader))
     outputs = {}
     for op in OPS:
-        with use_op(model, op), recorded_outputs(model) as outputs[op], torch.no_grad():
+        with use_op(model, op, mmcv), recorded_outputs(model) as outputs[op], torch.no_grad():
             model.test_step(batch)
     return outputs
 
@@ -194,18 +219,19 @@ def evaluate(args: argparse.Namespace) -> int:
     if args.max_batches is not None:
         _score_tested_images_only(runner)
     device = model_device(runner.model)
+    mmcv = _mmcv_side(args, device)
+    ops = {op: describe(op, device, mmcv) for op in OPS}
     results = {}
     for op in OPS:
-        print_log(f"Testing with {op}: {describe(op, device)}", logger="current")
-        with use_op(runner.model, op):
+        print_log(f"Testing with {op}: {ops[op]}", logger="current")
+        with use_op(runner.model, op, mmcv):
             results[op] = runner.test()
-    outputs = _first_batch_outputs(runner)
+    outputs = _first_batch_outputs(runner, mmcv)
     metrics = compare.metric_deltas(results["triton"], results["mmcv"])
     layers = compare.layer_diffs(outputs["triton"], outputs["mmcv"])
     passed, verdict = _verdict(metrics, layers, args)
     report = dict(config=args.config, cfg_options=args.cfg_options, checkpoint=args.checkpoint,
-                  max_batches=args.max_batches,
-                  ops={op: describe(op, device) for op in OPS}, tolerance_ap=args.tolerance_ap,
+                  max_batches=args.max_batches, ops=ops, tolerance_ap=args.tolerance_ap,
                   tolerance_layer=args.tolerance_layer, metrics=metrics, layers=layers,
                   passed=passed, verdict=verdict)
     write_json(args.out / "parity_eval.json", report, device)
@@ -222,13 +248,15 @@ def train(args: argparse.Namespace) -> int:
     training.init_weights(runner, cfg)
     model = runner.model
     device = model_device(model)
+    mmcv = _mmcv_side(args, device)
+    ops = {op: describe(op, device, mmcv) for op in OPS}
     initial = copy.deepcopy(model.state_dict())
     steps = {}
     for op in OPS:
         model.load_state_dict(initial)
         optim_wrapper, batches = training.start(runner, cfg, args.seed)
         steps[op] = []
-        with use_op(model, op):
+        with use_op(model, op, mmcv):
             for i in range(args.iters):
                 steps[op].append(training.losses(model.train_step(next(batches), optim_wrapper)))
                 print_log(f"{op} iter {i + 1}/{args.iters}: loss {steps[op][-1]['loss']:.6g}",
@@ -239,8 +267,7 @@ def train(args: argparse.Namespace) -> int:
     worst = max(range(args.iters),
                 key=lambda i: math.inf if math.isnan(rel_diff[i]) else rel_diff[i])
     report = dict(config=args.config, cfg_options=args.cfg_options, seed=args.seed,
-                  iters=args.iters,
-                  ops={op: describe(op, device) for op in OPS}, loss=losses,
+                  iters=args.iters, ops=ops, loss=losses,
                   rel_diff=rel_diff, max_rel_diff=rel_diff[worst], max_rel_diff_iter=worst + 1,
                   log_vars={op: {k: [s[k] for s in steps[op]] for k in steps[op][0]}
                             for op in OPS})
@@ -251,7 +278,7 @@ def train(args: argparse.Namespace) -> int:
                      f"{osp.basename(args.config)}: triton vs mmcv, seed {args.seed}")
     print(f"\nParity train of {args.config}, {args.iters} iterations, seed {args.seed}")
     for op in OPS:
-        print(f"  {op} ({describe(op, device)}): loss {losses[op][0]:.6g} -> {losses[op][-1]:.6g}")
+        print(f"  {op} ({ops[op]}): loss {losses[op][0]:.6g} -> {losses[op][-1]:.6g}")
     print(f"max relative difference of the total loss: {rel_diff[worst]:.3e} "
           f"(iteration {worst + 1})\nWritten: {args.out / 'parity_train.json'}, "
           f"{args.out / 'parity_train.png'}")
@@ -305,35 +332,45 @@ def grads(args: argparse.Namespace) -> int:
 
 def kernels(args: argparse.Namespace) -> int:
     cfg, model, loss = _one_batch(args)
+    device = model_device(model)
+    mmcv = _mmcv_side(args, device)
     # The forward alone: each checked call runs its own backward passes.
-    with kernel_check.checked_calls(args.max_calls, args.seed) as calls, torch.no_grad():
+    with kernel_check.checked_calls(args.max_calls, args.seed, mmcv) as calls, torch.no_grad():
         set_random_seed(args.seed)
         loss()
-    device = model_device(model)
+    ops = dict(triton=describe("triton", device), mmcv=describe("mmcv", device, mmcv))
     write_json(args.out / "parity_kernels.json",
                dict(config=args.config, cfg_options=args.cfg_options, seed=args.seed,
-                    checkpoint=cfg.get("load_from"), op=describe("triton", device),
+                    checkpoint=cfg.get("load_from"), op=ops["triton"], ops=ops,
                     calls=calls), device)
-    return _print_kernels(args.config, calls, args.out / "parity_kernels.json")
+    return _print_kernels(args.config, calls, args.out / "parity_kernels.json", ops)
 
 
-def _print_kernels(config: str, calls: list[dict], written) -> int:
+def _vs_mmcv(call: dict) -> str:
+    """The largest of the fp32 kernels' relative differences from mmcv's, or '-'."""
+    diffs = call.get("mmcv_fp32")
+    return "-" if diffs is None else f"{max(diffs.values()):.1e}"
+
+
+def _print_kernels(config: str, calls: list[dict], written, ops: dict) -> int:
     """kernel_check's calls as a table; the exit code (0 all within, 3 one
     not, 4 none to check)."""
+    print("\n".join(f"  {op}: {impl}" for op, impl in ops.items()))
     if not calls:
         print(f"No op call of {config} had a bf16 value: nothing to check (the bf16 kernels "
               f"run under bf16 AMP, on CUDA).")
         return 4
     print(f"\nThe op's bf16 calls in one batch of {config}, against the fp32 kernels "
           f"(output / grad_value: worst excess in bf16 units, <= 0 within; grad_loc / "
-          f"grad_attn: relative difference, < {kernel_check.GRAD_REL_TOL:g}):")
+          f"grad_attn: relative difference, < {kernel_check.GRAD_REL_TOL:g}; vs mmcv: the "
+          f"fp32 kernels' largest relative difference from mmcv's CUDA kernels, not judged):")
     print(f"{'call':>4}  {'value':<22}{'locations':<28}{'accum':<7}{'output':>8}"
-          f"{'grad_value':>11}{'grad_loc':>10}{'grad_attn':>10}  verdict")
+          f"{'grad_value':>11}{'grad_loc':>10}{'grad_attn':>10}{'vs mmcv':>9}  verdict")
     for c in calls:
         gv = "-" if c["grad_value"] is None else f"{c['grad_value']:.2f}"
         print(f"{c['call']:>4}  {str(tuple(c['value'])):<22}{str(tuple(c['locations'])):<28}"
               f"{'fp32' if c['fp32_grad_accum'] else 'native':<7}{c['output']:>8.2f}{gv:>11}"
-              f"{c['grad_loc']:>10.1e}{c['grad_attn']:>10.1e}  "
+              f"{c['grad_loc']:>10.1e}{c['grad_attn']:>10.1e}{_vs_mmcv(c):>9}  "
               f"{'ok' if c['passed'] else 'FAIL'}")
     failed = sum(not c["passed"] for c in calls)
     print(f"{'FAIL' if failed else 'PASS'}: {len(calls) - failed} of {len(calls)} checks "

@@ -34,7 +34,7 @@ from train import check_precision
 # After common, which imports msda_mm (mmcv-lite shims first).
 from msda_mm.datasets.synthetic import ann_file
 from msda_mm.e2e import training
-from msda_mm.e2e.attention import msda_modules
+from msda_mm.e2e.attention import as_configured, msda_modules
 from msda_mm.e2e.cli import (add_config_args, config_namespace, model_device, positive_int,
                              write_json)
 from msda_mm.e2e.profiling import STEP, TOP_SYNC_SOURCES, summarise
@@ -195,6 +195,7 @@ def measure(cfg, args: argparse.Namespace) -> tuple[dict, torch.device]:
         config=args.config, batch_size=batch_size,
         image_size=args.image_size or "config's data", precision=precision(cfg),
         msda_modules=dict(Counter(type(m).__name__ for m in msda_modules(model).values())),
+        msda_kernels=as_configured(model, device),
         compiled_modules=compiled,
         warmup=args.warmup, iters=args.iters, profile_iters=args.profile_iters,
         sync_iters=args.sync_iters,
@@ -221,6 +222,9 @@ def markdown(r: dict) -> str:
         f"| {r['images_per_s']:.2f} | {_fmt(r['device_ms_per_iter'], '.1f')} "
         f"| {_fmt(r['msda_share'], '.1%')} | {r['cpu_ms_per_iter']:.1f} "
         f"| {_fmt(r['peak_memory_mib'], '.0f', ' MiB')} |",
+        "",
+        "MSDA: " + "; ".join(f"{n} x {name}: {r['msda_kernels'][name]}"
+                             for name, n in r["msda_modules"].items()),
         "",
         *([f"Compiled (CompileSubmodulesHook, during the {r['warmup']} warm-up steps): "
            f"{', '.join(r['compiled_modules'])}", ""] if r["compiled_modules"] else []),

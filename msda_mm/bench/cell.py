@@ -52,6 +52,10 @@ METHOD = {
                            "max_err = largest err_rel_*",
     "gather_gbps": "B*Q*M*L*K * 4 corners * D * value element size / fwd_us",
     "cpu": "on --device cpu, fwd_us and fwdbwd_us are the eager wall times (no graphs)",
+    "mmcv/mmcv_cuda": "mmcv's MultiScaleDeformableAttnFunction as its module calls it "
+                      "(locations and weights cast to value's dtype, im2col_step 64) on "
+                      "compiled mmcv's CUDA kernels / on msda_mm's build of them from the mmcv "
+                      "sdist (tools/build_mmcv_msda.py), same timers as the others",
 }
 
 

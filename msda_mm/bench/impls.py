@@ -1,9 +1,19 @@
 """The implementations a benchmark compares, each bound to one input set as
-``f(value, sampling_locations, attention_weights) -> (B, Q, M*D)``."""
+``f(value, sampling_locations, attention_weights) -> (B, Q, M*D)``.
+
+'mmcv' and 'mmcv_cuda' are mmcv's MultiScaleDeformableAttnFunction as its
+module calls it (locations and weights cast to value's dtype, so no bf16;
+im2col_step 64) on mmcv's CUDA kernels: compiled mmcv's ('mmcv'), or on
+mmcv-lite msda_mm's build of them from the mmcv sdist ('mmcv_cuda',
+tools/build_mmcv_msda.py), which only runs inside ``routed(impl)``.
+"""
 from __future__ import annotations
 
+import functools
 import importlib.util
-from typing import Callable, Optional
+from contextlib import nullcontext
+from types import ModuleType
+from typing import Callable, ContextManager, Optional, Union
 
 import torch
 
@@ -11,28 +21,39 @@ from msda_mm.ops import msda_reference, multi_scale_deformable_attention
 
 from .inputs import MSDAInputs
 
-IMPLS = ("msda_mm", "reference", "mmcv")
+IMPLS = ("msda_mm", "reference", "mmcv", "mmcv_cuda")
+_MMCV_IMPLS = ("mmcv", "mmcv_cuda")
 
 MSDAFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
-# mmcv's CUDA kernels take im2col_step = min(B, this) (mmdet's default 64).
-_MMCV_IM2COL_STEP = 64
 
-
-def _mmcv_function():
-    """mmcv's CUDA autograd Function, or None without a compiled mmcv."""
+def _compiled_mmcv() -> bool:
+    """Whether mmcv's own compiled ops, its MSDA kernels among them, load here."""
     try:
         # mmcv-lite has no mmcv._ext, or msda_mm.compat's stub, which has no
         # loader (and routes the Function to msda_mm: no baseline).
         spec = importlib.util.find_spec("mmcv._ext")
         if spec is None or spec.loader is None:
-            return None
+            return False
         # An mmcv built for another torch raises OSError or ImportError here.
         import mmcv._ext as ext
-        from mmcv.ops.multi_scale_deform_attn import MultiScaleDeformableAttnFunction
     except (ImportError, OSError):
-        return None
-    return MultiScaleDeformableAttnFunction if hasattr(ext, "ms_deform_attn_forward") else None
+        return False
+    return hasattr(ext, "ms_deform_attn_forward")
+
+
+@functools.lru_cache(maxsize=None)
+def _mmcv_cuda_kernels() -> Union[ModuleType, str]:
+    """msda_mm's build of mmcv's kernels for this GPU, or why there is none."""
+    # Imported here: msda_mm.compat needs mmcv, which the other impls do not.
+    from msda_mm.compat import MMCV_LITE, mmcv_cuda_build
+
+    if not MMCV_LITE:
+        return "mmcv is compiled: impl 'mmcv' runs its kernels"
+    try:
+        return mmcv_cuda_build.load_extension()
+    except mmcv_cuda_build.BuildError as e:
+        return str(e)
 
 
 def tiled(impl: str) -> tuple[str, dict]:
@@ -58,15 +79,28 @@ def tiled(impl: str) -> tuple[str, dict]:
 
 def unavailable(impl: str, device: torch.device, dtype: torch.dtype) -> Optional[str]:
     """Why ``impl`` cannot run on ``device`` with a ``dtype`` value, or None."""
-    if impl != "mmcv":
+    if impl not in _MMCV_IMPLS:
         return None
     if device.type != "cuda":
         return "mmcv's op is CUDA only"
     if dtype == torch.bfloat16:
         return "mmcv has no bf16 kernels"
-    if _mmcv_function() is None:
+    if impl == "mmcv" and not _compiled_mmcv():
         return "no compiled mmcv (mmcv._ext with ms_deform_attn_forward)"
+    if impl == "mmcv_cuda" and isinstance(_mmcv_cuda_kernels(), str):
+        return _mmcv_cuda_kernels()
     return None
+
+
+def routed(impl: str) -> ContextManager:
+    """What ``impl``'s calls need around them: for 'mmcv_cuda', mmcv's
+    Function on msda_mm's build of mmcv's kernels (mmcv-lite routes it to
+    msda_mm's op otherwise)."""
+    if impl != "mmcv_cuda":
+        return nullcontext()
+    from msda_mm.compat import mmcv_cuda_switch
+
+    return mmcv_cuda_switch.mmcv_cuda_msda(_mmcv_cuda_kernels())
 
 
 def bind(impl: str, inputs: MSDAInputs, fp32_grad_accum: Optional[bool] = None) -> MSDAFn:
@@ -83,7 +117,8 @@ def bind(impl: str, inputs: MSDAInputs, fp32_grad_accum: Optional[bool] = None) 
         shapes_host, starts_host = shapes.cpu(), starts.cpu()
         return lambda v, loc, attn: msda_reference(
             v, shapes_host, loc, attn, starts_host).to(v.dtype)
-    if impl == "mmcv":
-        fn = _mmcv_function()
-        return lambda v, loc, attn: fn.apply(v, shapes, starts, loc, attn, _MMCV_IM2COL_STEP)
+    if impl in _MMCV_IMPLS:
+        from msda_mm.compat.mmcv_cuda_switch import mmcv_function
+
+        return lambda v, loc, attn: mmcv_function(v, shapes, starts, loc, attn)
     raise ValueError(f"unknown implementation {impl!r}, expected one of {IMPLS}")

@@ -11,7 +11,7 @@ import torch
 from msda_mm.ops import launch, resolve_fp32_grad_accum
 
 from .cell import measure, reference_fp64
-from .impls import bind, tiled, unavailable
+from .impls import bind, routed, tiled, unavailable
 from .inputs import MSDAInputs, make_inputs
 from .presets import PRESETS, Preset
 
@@ -58,7 +58,7 @@ def _cell(cfg: Config, preset: Preset, dist: str, dtype_name: str, impl: str,
             record["fp32_grad_accum"] = resolve_fp32_grad_accum(inputs.value,
                                                                 cfg.fp32_grad_accum)
         fn = bind(impl, inputs, cfg.fp32_grad_accum)
-        with launch.tile_override(**tiles):
+        with launch.tile_override(**tiles), routed(impl):
             measure(record, fn, inputs, reference, preset, cfg.budget_ms)
     except Exception as exc:  # one cell's failure (OOM, compile error) must not end the run
         record.update(status="error", note=_describe(exc))

@@ -7,7 +7,9 @@ On mmcv-lite (no compiled ``mmcv._ext``):
   * mmcv's ``MultiScaleDeformableAttnFunction.apply``, which its
     ``MultiScaleDeformableAttention`` calls for CUDA tensors, runs msda_mm's
     op (``mmcv_msda``);
-  * mmdet's CUDA sigmoid-focal-loss path computes in PyTorch (``focal_loss``).
+  * mmdet's CUDA sigmoid-focal-loss path computes in PyTorch (``focal_loss``);
+  * with MSDA_MM_MMCV_CUDA set, mmcv's module runs mmcv's own CUDA kernels,
+    built from the user's mmcv sdist, instead (``mmcv_cuda_switch``).
 With a compiled mmcv none of that happens: mmcv and mmdet stay untouched.
 
 Always: ``type`` in the deformable-attention configs of mmdet's
@@ -22,7 +24,10 @@ from . import ext_stub
 
 MMCV_LITE = ext_stub.install()
 
-from . import mmcv_msda  # noqa: E402  (imports mmcv.ops, which needs the stub)
+# isort: split
+# These import mmcv.ops, which needs the stub.
+from . import mmcv_cuda_switch, mmcv_msda  # noqa: E402
+from .mmcv_cuda_switch import mmcv_cuda_msda, use_mmcv_cuda_msda, use_triton_msda  # noqa: E402
 
 if MMCV_LITE:
     # First: mmdet.models, imported next, takes the class from there.
@@ -33,6 +38,7 @@ from . import focal_loss, mmdet_layers  # noqa: E402  (import mmdet.models)
 
 if MMCV_LITE:
     focal_loss.route_to_pytorch()
+    mmcv_cuda_switch.apply_env()
 mmdet_layers.honour_attention_type()
 
-__all__ = ["MMCV_LITE"]
+__all__ = ["MMCV_LITE", "mmcv_cuda_msda", "use_mmcv_cuda_msda", "use_triton_msda"]

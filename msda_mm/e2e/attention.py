@@ -7,21 +7,25 @@ switching an instance's class switches only ``forward``.  Same weights, same
 buffers, same checkpoint, nothing rebuilt.
 
 The mmcv side is mmcv's own ``forward``.  For CUDA tensors that calls
-``MultiScaleDeformableAttnFunction.apply``: mmcv's CUDA kernels where mmcv is
-compiled, but on mmcv-lite ``msda_mm.compat`` routes it to msda_mm's Triton
-op, which would compare the op with itself.  So on mmcv-lite the mmcv side
-sends that call to mmcv's ``multi_scale_deformable_attn_pytorch`` instead,
-the function mmcv's ``forward`` uses for CPU tensors anyway.
+``MultiScaleDeformableAttnFunction.apply``, which runs, as ``MmcvSide``
+says: mmcv's CUDA kernels ('cuda': compiled mmcv's, or on mmcv-lite
+msda_mm's build of them from the mmcv sdist, ``msda_mm.compat.mmcv_cuda_switch``)
+or mmcv's ``multi_scale_deformable_attn_pytorch`` ('pytorch', the function
+mmcv's ``forward`` uses for CPU tensors anyway).  Never mmcv-lite's default
+route of the Function to msda_mm's Triton op, which would compare the op
+with itself.
 """
 from __future__ import annotations
 
 from contextlib import contextmanager, nullcontext
-from typing import Iterator
+from dataclasses import dataclass
+from types import ModuleType
+from typing import ContextManager, Iterator, Optional
 
 import torch
 from torch import nn
 
-from ..compat import MMCV_LITE
+from ..compat import MMCV_LITE, mmcv_cuda_build, mmcv_cuda_switch
 from ..models import TritonMSDeformAttn
 from ..ops import launch
 
@@ -29,26 +33,18 @@ from ..ops import launch
 from mmcv.ops import MultiScaleDeformableAttention, multi_scale_deform_attn
 
 OPS = ("triton", "mmcv")
+MMCV_KERNELS = ("cuda", "pytorch")
 _CLASSES = {"triton": TritonMSDeformAttn, "mmcv": MultiScaleDeformableAttention}
+_MMCV_PYTORCH = "mmcv multi_scale_deformable_attn_pytorch"
+_COMPILED = "mmcv CUDA kernels (compiled mmcv)"
 
 
-def describe(op: str, device: torch.device) -> str:
-    """What ``op`` computes with on ``device``, for reports."""
-    if op == "triton":
-        if device.type == "cuda":
-            return "msda_mm Triton kernels"
-        if launch.interpreter_enabled():
-            return "msda_mm Triton kernels (Triton interpreter)"
-        return "msda_mm PyTorch reference (CPU)"
-    if device.type == "cuda" and not MMCV_LITE:
-        return "mmcv CUDA kernels (compiled mmcv)"
-    return "mmcv multi_scale_deformable_attn_pytorch"
-
-
-def msda_modules(model: nn.Module) -> dict[str, MultiScaleDeformableAttention]:
-    """Every multi-scale deformable attention of ``model``, by module name."""
-    return {name: m for name, m in model.named_modules()
-            if isinstance(m, MultiScaleDeformableAttention)}
+def _triton(device: torch.device) -> str:
+    if device.type == "cuda":
+        return "msda_mm Triton kernels"
+    if launch.interpreter_enabled():
+        return "msda_mm Triton kernels (Triton interpreter)"
+    return "msda_mm PyTorch reference (CPU)"
 
 
 def _mmcv_pytorch_sampler(value, spatial_shapes, level_start_index, sampling_locations,
@@ -59,21 +55,82 @@ def _mmcv_pytorch_sampler(value, spatial_shapes, level_start_index, sampling_loc
         value, spatial_shapes, sampling_locations, attention_weights)
 
 
-@contextmanager
-def _mmcv_pytorch_on_cuda() -> Iterator[None]:
-    function = multi_scale_deform_attn.MultiScaleDeformableAttnFunction
-    routed = vars(function)["apply"]  # msda_mm.compat's route to the Triton op
-    function.apply = staticmethod(_mmcv_pytorch_sampler)
-    try:
-        yield
-    finally:
-        function.apply = routed
+@dataclass(frozen=True)
+class MmcvSide:
+    """What mmcv's MultiScaleDeformableAttention runs on CUDA tensors in a
+    comparison: ``kernels`` 'cuda' (mmcv's own: ``module``, msda_mm's build
+    of them on mmcv-lite; None with compiled mmcv) or 'pytorch'."""
+    kernels: str = "pytorch"
+    module: Optional[ModuleType] = None
+
+    def route(self) -> ContextManager:
+        """Inside the block mmcv's Function runs this side's kernels."""
+        if self.kernels == "pytorch":
+            return mmcv_cuda_switch.function_routed_to(_mmcv_pytorch_sampler)
+        if self.module is not None:
+            return mmcv_cuda_switch.mmcv_cuda_msda(self.module)
+        return nullcontext()
+
+    def describe(self, device: torch.device) -> str:
+        if device.type != "cuda" or self.kernels == "pytorch":
+            return _MMCV_PYTORCH
+        return _COMPILED if self.module is None else mmcv_cuda_build.describe(self.module)
+
+
+MMCV_PYTORCH = MmcvSide()
+
+
+def mmcv_side(choice: Optional[str], device: torch.device) -> MmcvSide:
+    """The mmcv side for ``choice`` ('cuda', 'pytorch', or None: 'cuda' on a
+    CUDA device where mmcv's kernels are here, compiled mmcv or msda_mm's
+    build for this GPU, else 'pytorch').  Raises ValueError if 'cuda' cannot
+    run on ``device``, mmcv_cuda_build.BuildError (saying how to build) if
+    msda_mm's build is missing or cannot load."""
+    if choice not in (None, *MMCV_KERNELS):
+        raise ValueError(f"mmcv kernels must be one of {MMCV_KERNELS} or None, got {choice!r}")
+    if choice == "pytorch" or (choice is None and device.type != "cuda"):
+        return MMCV_PYTORCH
+    if device.type != "cuda":
+        raise ValueError(f"mmcv's CUDA kernels need a model on a CUDA device, not {device}")
+    if not MMCV_LITE:
+        return MmcvSide("cuda")
+    if choice is None and mmcv_cuda_build.found_build() is None:
+        return MMCV_PYTORCH
+    return MmcvSide("cuda", mmcv_cuda_build.load_extension())
+
+
+def describe(op: str, device: torch.device, mmcv: MmcvSide = MMCV_PYTORCH) -> str:
+    """What ``op`` computes with on ``device`` (the mmcv side: ``mmcv``), for reports."""
+    return _triton(device) if op == "triton" else mmcv.describe(device)
+
+
+def as_configured(model: nn.Module, device: torch.device) -> dict[str, str]:
+    """What each class of MSDA module in ``model`` computes with on
+    ``device`` outside use_op, by class name, for reports."""
+    kernels = mmcv_cuda_switch.active()
+    if device.type != "cuda":
+        mmcv = _MMCV_PYTORCH
+    elif not MMCV_LITE:
+        mmcv = _COMPILED
+    elif kernels is not None:
+        mmcv = mmcv_cuda_build.describe(kernels)
+    else:
+        mmcv = f"{_triton(device)} (mmcv-lite's route of mmcv's Function)"
+    return {type(m).__name__: _triton(device) if isinstance(m, TritonMSDeformAttn) else mmcv
+            for m in msda_modules(model).values()}
+
+
+def msda_modules(model: nn.Module) -> dict[str, MultiScaleDeformableAttention]:
+    """Every multi-scale deformable attention of ``model``, by module name."""
+    return {name: m for name, m in model.named_modules()
+            if isinstance(m, MultiScaleDeformableAttention)}
 
 
 @contextmanager
-def use_op(model: nn.Module, op: str) -> Iterator[None]:
-    """Run every MSDA module of ``model`` with ``op`` ('triton' or 'mmcv')
-    inside the block; the modules' classes are restored on exit."""
+def use_op(model: nn.Module, op: str, mmcv: MmcvSide = MMCV_PYTORCH) -> Iterator[None]:
+    """Run every MSDA module of ``model`` with ``op`` ('triton' or 'mmcv',
+    the latter on ``mmcv``'s kernels) inside the block; the modules' classes
+    and mmcv's routing are restored on exit."""
     if op not in _CLASSES:
         raise ValueError(f"op must be one of {OPS}, got {op!r}")
     modules = msda_modules(model).values()
@@ -83,7 +140,7 @@ def use_op(model: nn.Module, op: str) -> Iterator[None]:
     for m in modules:
         m.__class__ = _CLASSES[op]
     try:
-        with _mmcv_pytorch_on_cuda() if op == "mmcv" and MMCV_LITE else nullcontext():
+        with mmcv.route() if op == "mmcv" else nullcontext():
             yield
     finally:
         for m, cls in zip(modules, classes):

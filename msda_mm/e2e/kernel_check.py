@@ -17,18 +17,26 @@ to a whole unit.
 
 Session 6 ran this on every MSDA call of a DINO training batch on the H200
 (benchmarks/e2e/README.md): all within, while bf16 trainings lagged.
+
+Where mmcv's own CUDA kernels are here (``attention.MmcvSide``), each call
+also reports how far msda_mm's fp32 kernels are from them on the same fp32
+inputs (relative differences, reported beside the verdict, not part of it:
+mmcv has no bf16 kernels to check).
 """
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import Iterator, Optional
+from functools import partial
+from typing import Callable, Iterator, Optional
 from unittest import mock
 
 import torch
 from torch import Tensor
 
+from ..compat import mmcv_cuda_switch
 from ..models import triton_ms_deform_attn
 from ..ops import multi_scale_deformable_attention
+from .attention import MmcvSide
 from .gradients import relative_difference
 
 # Relative bound of the location and weight gradients (fp32 sums in another order).
@@ -49,14 +57,35 @@ def bf16_excess(got: Tensor, want: Tensor, magnitude: Tensor, units: float) -> T
 
 
 def _forward_backward(args: dict, value: Tensor, grad_out: Tensor,
-                      fp32_grad_accum: Optional[bool]) -> tuple[Tensor, ...]:
-    """(output, grad_value, grad_loc, grad_attn) of the op on ``args`` with ``value``."""
+                      fp32_grad_accum: Optional[bool],
+                      op: Optional[Callable] = None) -> tuple[Tensor, ...]:
+    """(output, grad_value, grad_loc, grad_attn) on ``args`` with ``value`` of
+    the op with ``fp32_grad_accum``, or of ``op`` (value, spatial_shapes,
+    level_start_index, locations, weights) if given."""
+    if op is None:
+        op = partial(multi_scale_deformable_attention, fp32_grad_accum=fp32_grad_accum)
     leaves = [t.detach().clone().requires_grad_()
               for t in (value, args["sampling_locations"], args["attention_weights"])]
-    out = multi_scale_deformable_attention(leaves[0], args["spatial_shapes"],
-                                           args["level_start_index"], leaves[1], leaves[2],
-                                           fp32_grad_accum=fp32_grad_accum)
+    out = op(leaves[0], args["spatial_shapes"], args["level_start_index"], leaves[1], leaves[2])
     return (out.detach(), *torch.autograd.grad(out, leaves, grad_out.to(out.dtype)))
+
+
+def compare_to_mmcv(args: dict, grad_out: Tensor, mmcv: MmcvSide) -> dict:
+    """Relative differences (gradients.relative_difference) of msda_mm's fp32
+    kernels from ``mmcv``'s kernels, both on ``args`` and ``grad_out``
+    upcast to fp32: output, grad_value, grad_loc, grad_attn."""
+    def mmcv_op(value, shapes, starts, locations, weights):
+        # mmcv's kernels take contiguous tensors only (its module makes them so).
+        return mmcv_cuda_switch.mmcv_function(value.contiguous(), shapes, starts,
+                                              locations.contiguous(), weights.contiguous())
+
+    value, grad_out = args["value"].float(), grad_out.float()
+    with torch.autocast(value.device.type, enabled=False), torch.enable_grad():
+        ours = _forward_backward(args, value, grad_out, None)
+        with mmcv.route():
+            theirs = _forward_backward(args, value, grad_out, None, mmcv_op)
+    return {name: relative_difference(a, b) for name, a, b in
+            zip(("output", "grad_value", "grad_loc", "grad_attn"), ours, theirs)}
 
 
 def compare_to_fp32(args: dict, grad_out: Tensor, fp32_grad_accum: bool) -> dict:
@@ -95,12 +124,15 @@ def compare_to_fp32(args: dict, grad_out: Tensor, fp32_grad_accum: bool) -> dict
 
 
 @contextmanager
-def checked_calls(max_calls: int = 32, seed: int = 0) -> Iterator[list[dict]]:
+def checked_calls(max_calls: int = 32, seed: int = 0,
+                  mmcv: Optional[MmcvSide] = None) -> Iterator[list[dict]]:
     """Inside the block, each of the first ``max_calls`` calls with a bf16
     value that a TritonMSDeformAttn makes to the op is also checked by
     compare_to_fp32 (with a random bf16 grad_out; fp32 accumulation, and
-    on CUDA native atomics too); one dict per call and accumulation is
-    appended to the yielded list.  The calls themselves run unchanged."""
+    on CUDA native atomics too), and for CUDA values with ``mmcv`` on mmcv's
+    CUDA kernels by compare_to_mmcv ('mmcv_fp32'; else None); one dict per
+    call and accumulation is appended to the yielded list.  The calls
+    themselves run unchanged."""
     results: list[dict] = []
     generator = torch.Generator().manual_seed(seed)
     op = triton_ms_deform_attn.multi_scale_deformable_attention
@@ -116,12 +148,15 @@ def checked_calls(max_calls: int = 32, seed: int = 0) -> Iterator[list[dict]]:
             B, Q, M = sampling_locations.shape[:3]
             grad_out = torch.randn(B, Q, M * value.shape[-1], generator=generator)
             grad_out = grad_out.to(value.device, torch.bfloat16)
+            to_mmcv = (compare_to_mmcv(args, grad_out, mmcv) if value.is_cuda and mmcv
+                       and mmcv.kernels == "cuda" else None)
             for accum in (True, False) if value.is_cuda else (True,):
                 results.append(dict(call=calls, value=list(value.shape),
                                     locations=list(sampling_locations.shape),
                                     location_dtype=str(sampling_locations.dtype),
                                     fp32_grad_accum=accum,
-                                    **compare_to_fp32(args, grad_out, accum)))
+                                    **compare_to_fp32(args, grad_out, accum),
+                                    mmcv_fp32=to_mmcv))
         return op(value, spatial_shapes, level_start_index, sampling_locations,
                   attention_weights, **kwargs)
 
