@@ -2,8 +2,10 @@
 inputs a real model gives them?  (tools/parity.py kernels;
 tests/ops/test_msda_bf16_matches_fp32.py on random inputs.)
 
-Under bf16 AMP the op gets a bf16 value and fp32 locations and weights, and
-output_proj rounds its output to bf16 whatever dtype it has.  So the bf16
+Under bf16 AMP the op gets a bf16 value, fp32 locations and the attention
+logits (TritonMSDeformAttn passes them with softmax=True; checked here upcast
+to fp32, which is exact), and output_proj rounds its output to bf16
+whatever dtype it has.  So the bf16
 kernels and the fp32 kernels fed the same values upcast differ only by the
 output's rounding and the order of fp32 sums: the bf16 output, and
 grad_value accumulated in fp32, must be the fp32 kernels' result rounded
@@ -35,7 +37,7 @@ from torch import Tensor
 
 from ..compat import mmcv_cuda_switch
 from ..models import triton_ms_deform_attn
-from ..ops import multi_scale_deformable_attention
+from ..ops import multi_scale_deformable_attention, point_softmax
 from .attention import MmcvSide
 from .gradients import relative_difference
 
@@ -60,10 +62,11 @@ def _forward_backward(args: dict, value: Tensor, grad_out: Tensor,
                       fp32_grad_accum: Optional[bool],
                       op: Optional[Callable] = None) -> tuple[Tensor, ...]:
     """(output, grad_value, grad_loc, grad_attn) on ``args`` with ``value`` of
-    the op with ``fp32_grad_accum``, or of ``op`` (value, spatial_shapes,
-    level_start_index, locations, weights) if given."""
+    the op with ``fp32_grad_accum`` (and ``args``' softmax flag), or of ``op``
+    (value, spatial_shapes, level_start_index, locations, weights) if given."""
     if op is None:
-        op = partial(multi_scale_deformable_attention, fp32_grad_accum=fp32_grad_accum)
+        op = partial(multi_scale_deformable_attention, fp32_grad_accum=fp32_grad_accum,
+                     softmax=args.get("softmax", False))
     leaves = [t.detach().clone().requires_grad_()
               for t in (value, args["sampling_locations"], args["attention_weights"])]
     out = op(leaves[0], args["spatial_shapes"], args["level_start_index"], leaves[1], leaves[2])
@@ -75,6 +78,8 @@ def compare_to_mmcv(args: dict, grad_out: Tensor, mmcv: MmcvSide) -> dict:
     kernels from ``mmcv``'s kernels, both on ``args`` and ``grad_out``
     upcast to fp32: output, grad_value, grad_loc, grad_attn."""
     def mmcv_op(value, shapes, starts, locations, weights):
+        if args.get("softmax", False):
+            weights = point_softmax(weights)  # mmcv's module takes it before its op
         # mmcv's kernels take contiguous tensors only (its module makes them so).
         return mmcv_cuda_switch.mmcv_function(value.contiguous(), shapes, starts,
                                               locations.contiguous(), weights.contiguous())
@@ -141,10 +146,16 @@ def checked_calls(max_calls: int = 32, seed: int = 0,
                  attention_weights, **kwargs):
         calls = len({r["call"] for r in results})
         if value.dtype == torch.bfloat16 and calls < max_calls:
+            softmax = kwargs.get("softmax", False)
+            # The module's logits (softmax=True) leave the attention_weights
+            # Linear in bf16 under AMP: upcast (exactly), their gradient is
+            # compared in fp32 as that of the fp32 weights was.
+            weights = attention_weights.detach()
             args = dict(value=value.detach(), spatial_shapes=spatial_shapes,
                         level_start_index=level_start_index,
                         sampling_locations=sampling_locations.detach(),
-                        attention_weights=attention_weights.detach())
+                        attention_weights=weights.float() if softmax else weights,
+                        softmax=softmax)
             B, Q, M = sampling_locations.shape[:3]
             grad_out = torch.randn(B, Q, M * value.shape[-1], generator=generator)
             grad_out = grad_out.to(value.device, torch.bfloat16)
