@@ -33,10 +33,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from msda_mm.bench.cli import names  # noqa: E402
-from msda_mm.bench.inputs import make_inputs  # noqa: E402
 from msda_mm.bench.presets import PRESETS  # noqa: E402
-from msda_mm.bench.report import device_name, environment, slug, write_json  # noqa: E402
-from msda_mm.bench.run import DTYPES  # noqa: E402
+from msda_mm.bench.report import write_results  # noqa: E402
+from msda_mm.bench.run import DTYPES, preset_inputs  # noqa: E402
 from msda_mm.bench.timing import eager_times_us, graph_times_us, peak_memory_mb  # noqa: E402
 from msda_mm.ops import launch, multi_scale_deformable_attention, point_softmax  # noqa: E402
 
@@ -119,30 +118,23 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     device = torch.device(args.device)
     cells = []
-    for name in args.presets:
-        host = make_inputs(PRESETS[name], "uniform", seed=0)
-        for dname in args.dtypes:
-            x = host.to(device, DTYPES[dname])
-            leaves = tuple(t.detach().requires_grad_() for t in (
-                x.value, x.sampling_locations, x.attention_weights.log().to(x.value.dtype)))
-            fns = {mode: attention(mode, x.spatial_shapes, x.level_start_index)
-                   for mode in MODES}
-            rows = {mode: dict(preset=name, dtype=dname, mode=mode,
-                               **measure(fn, leaves, x.grad_output, args.budget_ms))
-                    for mode, fn in fns.items()}
-            saving = dict(preset=name, dtype=dname, mode="saving",
-                          **{k: None if rows["fused"][k] is None
-                             else rows["unfused"][k] - rows["fused"][k] for k in FIELDS},
-                          max_rel_diff=max_rel_diff(fns, leaves, x.grad_output))
-            for cell in (*rows.values(), saving):
-                cells.append(cell)
-                print(_line(cell), flush=True)
-            print(f"{name:13s} {dname:5s} fused against unfused: max relative difference "
-                  f"{saving['max_rel_diff']:.1e}", flush=True)
-    args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / f"{slug(device_name(device))}-fused-softmax.json"
-    write_json(path, dict(environment=environment(device), command=" ".join(sys.argv)), cells)
-    print(f"Written: {path}")
+    for name, dname, x in preset_inputs(args.presets, args.dtypes, device):
+        leaves = tuple(t.detach().requires_grad_() for t in (
+            x.value, x.sampling_locations, x.attention_weights.log().to(x.value.dtype)))
+        fns = {mode: attention(mode, x.spatial_shapes, x.level_start_index) for mode in MODES}
+        rows = {mode: dict(preset=name, dtype=dname, mode=mode,
+                           **measure(fn, leaves, x.grad_output, args.budget_ms))
+                for mode, fn in fns.items()}
+        saving = dict(preset=name, dtype=dname, mode="saving",
+                      **{k: None if rows["fused"][k] is None
+                         else rows["unfused"][k] - rows["fused"][k] for k in FIELDS},
+                      max_rel_diff=max_rel_diff(fns, leaves, x.grad_output))
+        for cell in (*rows.values(), saving):
+            cells.append(cell)
+            print(_line(cell), flush=True)
+        print(f"{name:13s} {dname:5s} fused against unfused: max relative difference "
+              f"{saving['max_rel_diff']:.1e}", flush=True)
+    write_results(args.out, device, "fused-softmax", cells)
     return 0
 
 

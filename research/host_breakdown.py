@@ -29,10 +29,9 @@ import torch  # noqa: E402
 
 from msda_mm.bench.cli import names  # noqa: E402
 from research.host import host_breakdown, pieces  # noqa: E402
-from msda_mm.bench.inputs import make_inputs  # noqa: E402
 from msda_mm.bench.presets import PRESETS  # noqa: E402
-from msda_mm.bench.report import device_name, environment, slug, write_json  # noqa: E402
-from msda_mm.bench.run import DTYPES  # noqa: E402
+from msda_mm.bench.report import write_results  # noqa: E402
+from msda_mm.bench.run import DTYPES, preset_inputs  # noqa: E402
 from msda_mm.ops import launch  # noqa: E402
 
 _PROFILED = ("launch.msda_forward", "launch.msda_backward")
@@ -96,35 +95,29 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     device = torch.device(args.device)
     cells = []
-    for name in args.presets:
-        host = make_inputs(PRESETS[name], "uniform", seed=0)
-        for dname in args.dtypes:
-            inputs = host.to(device, DTYPES[dname])
-            calls = pieces(inputs)
-            times = host_breakdown(inputs, calls, args.budget_ms)
-            print(f"\n{name} {dname}: host us per call")
-            for piece, us in times.items():
-                print(f"  {piece:34s} {us:9.1f}")
-            cell = dict(preset=name, dtype=dname, host_us=times)
-            if args.profile_calls:
-                cell["profiles"] = {p: profile(calls[p], args.profile_calls, args.top)
-                                    for p in _PROFILED}
-                for piece, text in cell["profiles"].items():
-                    print(f"\n{name} {dname}: cProfile of {args.profile_calls} x {piece}\n{text}")
-            if args.torch_profile_calls:
-                rows = torch_profile(calls["op forward + autograd.grad"],
-                                     args.torch_profile_calls, args.top, device)
-                cell["torch_profile"] = rows
-                print(f"\n{name} {dname}: torch.profiler, per forward + backward "
-                      f"({args.torch_profile_calls} calls)")
-                for row in rows:
-                    print(f"  {row['name'][:48]:48s} {row['calls']:5.1f} x  self {row['self_us']:8.1f}"
-                          f" us  total {row['total_us']:8.1f} us")
-            cells.append(cell)
-    args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / f"{slug(device_name(device))}-host-breakdown.json"
-    write_json(path, dict(environment=environment(device), command=" ".join(sys.argv)), cells)
-    print(f"Written: {path}")
+    for name, dname, inputs in preset_inputs(args.presets, args.dtypes, device):
+        calls = pieces(inputs)
+        times = host_breakdown(inputs, calls, args.budget_ms)
+        print(f"\n{name} {dname}: host us per call")
+        for piece, us in times.items():
+            print(f"  {piece:34s} {us:9.1f}")
+        cell = dict(preset=name, dtype=dname, host_us=times)
+        if args.profile_calls:
+            cell["profiles"] = {p: profile(calls[p], args.profile_calls, args.top)
+                                for p in _PROFILED}
+            for piece, text in cell["profiles"].items():
+                print(f"\n{name} {dname}: cProfile of {args.profile_calls} x {piece}\n{text}")
+        if args.torch_profile_calls:
+            rows = torch_profile(calls["op forward + autograd.grad"],
+                                 args.torch_profile_calls, args.top, device)
+            cell["torch_profile"] = rows
+            print(f"\n{name} {dname}: torch.profiler, per forward + backward "
+                  f"({args.torch_profile_calls} calls)")
+            for row in rows:
+                print(f"  {row['name'][:48]:48s} {row['calls']:5.1f} x  self {row['self_us']:8.1f}"
+                      f" us  total {row['total_us']:8.1f} us")
+        cells.append(cell)
+    write_results(args.out, device, "host-breakdown", cells)
     return 0
 
 

@@ -7,6 +7,7 @@ import json
 import math
 import platform
 import re
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -45,6 +46,16 @@ def _jsonable(value):
 def write_json(path: Path, meta: dict, records: list[dict]) -> None:
     cells = [{k: _jsonable(v) for k, v in r.items()} for r in records]
     path.write_text(json.dumps(dict(meta, cells=cells), indent=1) + "\n")
+
+
+def write_results(out: Path, device: torch.device, kind: str, cells: list[dict]) -> Path:
+    """<out>/<device-slug>-<kind>.json: the environment, the command line and
+    ``cells``; prints and returns the path."""
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{slug(device_name(device))}-{kind}.json"
+    write_json(path, dict(environment=environment(device), command=" ".join(sys.argv)), cells)
+    print(f"Written: {path}")
+    return path
 
 
 def write_csv(path: Path, records: list[dict]) -> None:

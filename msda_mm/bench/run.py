@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Callable, Iterator, Optional
 
 import torch
 
@@ -16,6 +16,17 @@ from .inputs import MSDAInputs, make_inputs
 from .presets import PRESETS, Preset
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+def preset_inputs(presets, dtypes, device: torch.device
+                  ) -> Iterator[tuple[str, str, MSDAInputs]]:
+    """(preset, dtype, uniform seed-0 inputs on ``device`` with value in that
+    dtype) for each of ``presets`` and ``dtypes`` (names): the research
+    tools' matrix, each preset drawn once."""
+    for name in presets:
+        host = make_inputs(PRESETS[name], "uniform", seed=0)
+        for dname in dtypes:
+            yield name, dname, host.to(device, DTYPES[dname])
 
 # Error messages are cut here: a Triton compile error can run to pages.
 _MAX_NOTE = 300

@@ -5,25 +5,8 @@ import pytest
 import torch
 
 from msda_inputs import DEVICES, assert_close_to_reference, make_inputs
-from msda_mm.ops import launch
 
 HALF = [torch.float16, torch.bfloat16]
-
-
-@pytest.fixture
-def pairs_launches(monkeypatch):
-    """Every forward that can take the pairs kernel takes it (4 queries a
-    program, so the small Q here leave partial blocks); yields its launches."""
-    launches, real = [], launch.msda_fwd_pairs_kernel
-
-    class Spy:
-        def __getitem__(self, grid):
-            launches.append(grid)
-            return real[grid]
-
-    monkeypatch.setattr(launch, "msda_fwd_pairs_kernel", Spy())
-    with launch.tile_override(pairs=(4, 1)):
-        yield launches
 
 
 def _check(args, device, seed, launches):

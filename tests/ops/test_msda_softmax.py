@@ -59,22 +59,6 @@ def test_small_tiles_partial_query_blocks_and_chunks(device):
         check(args, device, seed)
 
 
-@pytest.fixture
-def pairs_launches(monkeypatch):
-    """Forwards go to msda_fwd_pairs_kernel (4 queries a program); yields
-    its launches."""
-    launches, real = [], launch.msda_fwd_pairs_kernel
-
-    class Spy:
-        def __getitem__(self, grid):
-            launches.append(grid)
-            return real[grid]
-
-    monkeypatch.setattr(launch, "msda_fwd_pairs_kernel", Spy())
-    with launch.tile_override(pairs=(4, 1)):
-        yield launches
-
-
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("K", [1, 3])  # 2 and 6 points: the max pass's tile of 8 half empty
