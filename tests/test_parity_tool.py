@@ -163,15 +163,22 @@ def test_bad_command_lines_say_what_is_wrong(parity_tool, capsys):
         parity_tool["main"](["train", "missing.py"])
 
 
-def test_kernels_report_passes_only_if_every_call_does(parity_tool, capsys):
+@pytest.fixture
+def parity_commands(monkeypatch):
+    """tools/parity_commands.py's globals (what tools/parity.py runs after its command line)."""
+    monkeypatch.syspath_prepend(str(TOOLS))
+    return runpy.run_path(str(TOOLS / "parity_commands.py"))
+
+
+def test_kernels_report_passes_only_if_every_call_does(parity_commands, capsys):
     call = dict(call=0, value=[2, 30, 8, 32], locations=[2, 7, 8, 4, 4, 2],
                 fp32_grad_accum=True, output=-0.4, grad_value=-0.2, grad_loc=3e-7,
                 grad_attn=2e-7, passed=True)
     native = dict(call, fp32_grad_accum=False, grad_value=None)
-    assert parity_tool["_print_kernels"]("cfg.py", [call, native], "out.json") == 0
+    assert parity_commands["_print_kernels"]("cfg.py", [call, native], "out.json") == 0
     assert "PASS: 2 of 2 checks within" in capsys.readouterr().out
     bad = dict(call, call=1, output=1.5, passed=False)
-    assert parity_tool["_print_kernels"]("cfg.py", [call, native, bad], "out.json") == 3
+    assert parity_commands["_print_kernels"]("cfg.py", [call, native, bad], "out.json") == 3
     out = capsys.readouterr().out
     assert "FAIL: 2 of 3 checks within" in out and out.count("FAIL") == 2
 
