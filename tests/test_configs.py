@@ -88,3 +88,13 @@ def test_synthetic_r50_schedule_warms_the_lr_up_for_200_steps(name):
     assert (multistep.type, multistep.by_epoch, multistep.milestones) == ("MultiStepLR", True, [5])
     assert (warmup.type, warmup.by_epoch, warmup.begin, warmup.end, warmup.start_factor) == \
         ("LinearLR", False, 0, 200, 0.001)
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_checkpoints_are_saved_and_checked_by_the_verified_hook(name):
+    assert _load(name).default_hooks.checkpoint.type == "VerifiedCheckpointHook"
+
+
+def test_the_demo_checkpoints_every_epoch_and_keeps_a_few():
+    checkpoint = _load("synthetic/dino_tiny_cpu.py").default_hooks.checkpoint
+    assert checkpoint.interval == 1 and 2 <= checkpoint.max_keep_ckpts <= 5

@@ -74,7 +74,9 @@ def verify_checkpoints(cfg: Config) -> None:
     """Save and load checkpoints through msda_mm's VerifiedCheckpointHook
     where the config keeps mmengine's plain CheckpointHook (or the Runner's
     default one)."""
-    hooks = cfg.setdefault("default_hooks", {})
+    if cfg.get("default_hooks") is None:
+        cfg.default_hooks = {}
+    hooks = cfg.default_hooks
     checkpoint = hooks.get("checkpoint", dict(type="CheckpointHook", interval=1))
     if checkpoint is not None and checkpoint.get("type") == "CheckpointHook":
         hooks["checkpoint"] = dict(checkpoint, type="VerifiedCheckpointHook")
