@@ -64,13 +64,15 @@ def _unscoped(value):
     return value
 
 
-def test_mmcv_cuda_baseline_is_mmdets_dino_but_for_downloads():
+def test_mmcv_cuda_baseline_is_mmdets_dino_but_for_downloads_and_checkpoints():
     stock = Config.fromfile(str(Path(mmdet.__file__).parent / ".mim/configs" / STOCK_DINO))
     stock = stock.to_dict()
     ours = _unscoped(_load("dino_mmcv_cuda_fp32.py").to_dict())
     assert ours.pop("custom_imports")["imports"] == ["msda_mm", "msda_mm.compat.with_mmcv_cuda"]
     assert ours["model"]["backbone"].pop("init_cfg") is None
     stock["model"]["backbone"].pop("init_cfg")
+    assert ours["default_hooks"]["checkpoint"].pop("type") == "VerifiedCheckpointHook"
+    assert stock["default_hooks"]["checkpoint"].pop("type") == "CheckpointHook"
     assert ours == stock
 
 
@@ -131,3 +133,13 @@ def test_synthetic_r50_schedule_warms_the_lr_up_for_200_steps(name):
     assert (multistep.type, multistep.by_epoch, multistep.milestones) == ("MultiStepLR", True, [5])
     assert (warmup.type, warmup.by_epoch, warmup.begin, warmup.end, warmup.start_factor) == \
         ("LinearLR", False, 0, 200, 0.001)
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_checkpoints_are_saved_and_checked_by_the_verified_hook(name):
+    assert _load(name).default_hooks.checkpoint.type == "VerifiedCheckpointHook"
+
+
+def test_the_demo_checkpoints_every_epoch_and_keeps_a_few():
+    checkpoint = _load("synthetic/dino_tiny_cpu.py").default_hooks.checkpoint
+    assert checkpoint.interval == 1 and 2 <= checkpoint.max_keep_ckpts <= 5
