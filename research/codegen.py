@@ -66,11 +66,14 @@ class Variant:
     head_dim: int
     fp32_accum: Optional[bool] = None  # bwd: grad_value in an fp32 scratch buffer
     auto: Optional[bool] = None  # bwd: fp32_accum is what the op picks on this arch
+    deterministic: bool = False  # bwd: grad_value in int64 fixed point (fp32_accum unused)
 
     @property
     def accum(self) -> str:
         if self.kernel == "fwd":
             return "-"
+        if self.deterministic:
+            return "int64 (deterministic)"
         mode = "fp32" if self.fp32_accum else "native"
         return f"{mode} ({'auto' if self.auto else 'forced'})"
 
@@ -90,7 +93,7 @@ def auto_fp32_accum(dtype: str, arch: int) -> bool:
 def variants(archs, dtypes, head_dims, kernels=KERNELS) -> list[Variant]:
     """Forward per (arch, dtype, D); backward with the auto-selected
     accumulation and the other one forced, except for fp32 values, where
-    both modes are the same fp32 kernel."""
+    both modes are the same fp32 kernel; then the deterministic backward."""
     out = []
     for arch in archs:
         for dtype in dtypes:
@@ -105,6 +108,7 @@ def variants(archs, dtypes, head_dims, kernels=KERNELS) -> list[Variant]:
                     out.append(Variant("bwd", arch, dtype, d, auto, True))
                     if dtype != "fp32":
                         out.append(Variant("bwd", arch, dtype, d, not auto, False))
+                    out.append(Variant("bwd", arch, dtype, d, False, False, True))
     return out
 
 
@@ -137,13 +141,16 @@ def _recorded_launch(v: Variant):
               empty(B, Q, M, L, K, 2), empty(B, Q, M, L, K))
     name = f"msda_{v.kernel}_kernel"
     recorder = _Recorder(getattr(kernels, name))
-    # As on a GPU of this arch: PDL from sm_90 on, behind the fill kernel.
+    # As on a GPU of this arch: PDL from sm_90 on, behind the fill kernel; the
+    # deterministic backward's conversion kernel only records its call.
     with mock.patch.object(launch, name, recorder), \
+            mock.patch.object(launch, "fixed_to_float_kernel",
+                              _Recorder(kernels.fixed_to_float_kernel)), \
             mock.patch.object(launch, "fill_zeros", lambda t: v.arch >= 90):
         if v.kernel.startswith("fwd"):
             launch.msda_forward(*inputs)
         else:
-            launch.msda_backward(empty(B, Q, M * D), *inputs, v.fp32_accum)
+            launch.msda_backward(empty(B, Q, M * D), *inputs, v.fp32_accum, v.deterministic)
     if recorder.call is None:
         raise RuntimeError(f"the launcher did not pick {name} for {v}")
     return (recorder.fn, *recorder.call)

@@ -3,6 +3,7 @@
     python tools/benchmark.py                      # whole matrix on cuda -> benchmarks/
     python tools/benchmark.py --out benchmarks $OUT --targets targets.json
     python tools/benchmark.py --device cpu --presets tiny --impl msda_mm,reference
+    python tools/benchmark.py --presets decoder,dino_decoder,encoder --impl msda_mm,msda_mm_det
 
 Writes <out>/<device-slug>.json, .csv and .png for each --out folder and
 prints a table.  Methods: msda_mm/bench/timing.py and cell.METHOD (copied
@@ -30,7 +31,8 @@ def parse_args(argv):
                                     "locations and weights are always fp32")
     p.add_argument("--locations", help="sampling-location distributions, of "
                                        "uniform,clustered (default: both)")
-    p.add_argument("--impl", help="of msda_mm,reference,mmcv,mmcv_cuda (default: all); mmcv: "
+    p.add_argument("--impl", help="of msda_mm,msda_mm_det,reference,mmcv,mmcv_cuda (default: "
+                                  "all); msda_mm_det: msda_mm with deterministic=True; mmcv: "
                                   "compiled mmcv's CUDA kernels; mmcv_cuda: on mmcv-lite, "
                                   "msda_mm's build of them (tools/build_mmcv_msda.py); else "
                                   "n/a, as for bf16")
@@ -45,16 +47,17 @@ def parse_args(argv):
                    help="time each timer repeats its call for (5 to 500 repetitions)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--tiles", default="",
-                   help="extra msda_mm rows with other tiles, e.g. '2x1,1x1;4x4x8,4x4x8' "
-                        "(forward, backward: BLOCK_Q x warps [x BLOCK_P points per chunk]; "
-                        "a forward 'p8x1' is msda_fwd_pairs_kernel's; ';' between rows)")
+                   help="extra msda_mm rows (and msda_mm_det rows where --impl has it) with "
+                        "other tiles, e.g. '2x1,1x1;4x4x8,4x4x8' (forward, backward: "
+                        "BLOCK_Q x warps [x BLOCK_P points per chunk]; a forward 'p8x1' is "
+                        "msda_fwd_pairs_kernel's; ';' between rows)")
     args = p.parse_args(argv)
     # The names are checked against msda_mm.bench only now: --help answers
     # before torch and msda_mm load (seconds).
     import torch
 
     from msda_mm.bench.cli import names
-    from msda_mm.bench.impls import IMPLS
+    from msda_mm.bench.impls import IMPLS, MSDA_MM
     from msda_mm.bench.inputs import DISTRIBUTIONS
     from msda_mm.bench.presets import DEFAULT_PRESETS, PRESETS
     from msda_mm.bench.run import DTYPES
@@ -72,7 +75,9 @@ def parse_args(argv):
         args.device = torch.device(args.device)
     except RuntimeError as error:
         p.error(f"argument --device: {error}")
-    args.impl = args.impl + tuple(f"msda_mm@{t}" for t in args.tiles.split(";") if t)
+    families = [impl for impl in MSDA_MM if impl == "msda_mm" or impl in args.impl]
+    args.impl = args.impl + tuple(f"{impl}@{t}" for t in args.tiles.split(";") if t
+                                  for impl in families)
     if args.device.type == "cuda" and not torch.cuda.is_available():
         p.error("no CUDA device here: use --device cpu for a smoke test")
     return args

@@ -24,6 +24,7 @@ from mmcv.ops import MultiScaleDeformableAttention
 from mmdet.registry import MODELS
 
 from ..ops import multi_scale_deformable_attention
+from ..ops.validate import check_optional_bool
 
 
 def _location_dtype(reference_points: Tensor) -> torch.dtype:
@@ -43,7 +44,10 @@ class TritonMSDeformAttn(MultiScaleDeformableAttention):
     dropout, batch_first, norm_cfg, init_cfg, value_proj_ratio; and
     fp32_grad_accum, the op's choice of grad_value accumulation (None: per
     device; True/False force fp32 scratch or native atomics), so a config
-    can run the pre-Hopper bf16 path on an H100/H200; and fp32_compute:
+    can run the pre-Hopper bf16 path on an H100/H200; deterministic, the
+    op's choice of a bitwise-reproducible backward (None: follow
+    ``torch.use_deterministic_algorithms``; True: always, int64 fixed-point
+    grad_value; False: float atomics, docs/determinism.md); and fp32_compute:
     run the op on an fp32 copy of the projected value (its output and
     grad_value fp32 too; locations and weights are fp32 anyway), as mmcv's
     ``grid_sample`` path does under autocast, at the fp32 kernels' cost
@@ -56,8 +60,8 @@ class TritonMSDeformAttn(MultiScaleDeformableAttention):
     1; 86.5 on bf16 values, seed 3; fp32 83.7-86.8), as they must if the
     bf16 and fp32 kernels compute the same on the same values
     (tests/ops/test_msda_bf16_matches_fp32.py, which holds on the H200 at
-    those shapes).  Both are plain attributes: state_dict and checkpoints
-    are unchanged.
+    those shapes).  All three are plain attributes: state_dict and
+    checkpoints are unchanged.
 
     Forward does no host synchronisation: mmcv's check that spatial_shapes
     cover the value sequence (a device-to-host read) is left to the op, which
@@ -68,14 +72,17 @@ class TritonMSDeformAttn(MultiScaleDeformableAttention):
     # (msda_mm.e2e.attention.use_op), which never ran this __init__.
     fp32_grad_accum: Optional[bool] = None
     fp32_compute: bool = False
+    deterministic: Optional[bool] = None
 
     def __init__(self, *args, fp32_grad_accum: Optional[bool] = None,
-                 fp32_compute: bool = False, **kwargs):
+                 fp32_compute: bool = False, deterministic: Optional[bool] = None, **kwargs):
         if not isinstance(fp32_compute, bool):
             raise TypeError(f"fp32_compute must be True or False, got {fp32_compute!r}")
+        check_optional_bool("deterministic", deterministic)
         super().__init__(*args, **kwargs)
         self.fp32_grad_accum = fp32_grad_accum
         self.fp32_compute = fp32_compute
+        self.deterministic = deterministic
 
     @deprecated_api_warning({"residual": "identity"}, cls_name="TritonMSDeformAttn")
     def forward(self,
@@ -128,7 +135,8 @@ class TritonMSDeformAttn(MultiScaleDeformableAttention):
         locations, weights = self._sampling_points(query, reference_points, spatial_shapes)
         output = multi_scale_deformable_attention(value, spatial_shapes, level_start_index,
                                                   locations, weights,
-                                                  fp32_grad_accum=self.fp32_grad_accum)
+                                                  fp32_grad_accum=self.fp32_grad_accum,
+                                                  deterministic=self.deterministic)
         output = self.output_proj(output.to(projected_dtype))
         if not self.batch_first:
             output = output.transpose(0, 1)

@@ -18,6 +18,7 @@ msda_fwd_kernel = FastLaunch(kernels.msda_fwd_kernel)
 msda_fwd_pairs_kernel = FastLaunch(kernels.msda_fwd_pairs_kernel)
 msda_bwd_kernel = FastLaunch(kernels.msda_bwd_kernel)
 zero_fill_kernel = FastLaunch(kernels.zero_fill_kernel)
+fixed_to_float_kernel = FastLaunch(kernels.fixed_to_float_kernel)
 
 
 def interpreter_enabled() -> bool:
@@ -97,11 +98,13 @@ def _next_pow2(n: int) -> int:
     return 1 << (n - 1).bit_length()
 
 
-def _tile(kernel: str, value: torch.Tensor, points: int, rows: int) -> dict:
+def _tile(kernel: str, value: torch.Tensor, points: int, rows: int,
+          element_size: int = 0) -> dict:
     """Launch constants for ``points`` = L * K sampling points per query and
-    ``rows`` = B * Q * M (query, head) pairs."""
+    ``rows`` = B * Q * M (query, head) pairs; the tuned tile is that of
+    value's element size, or of ``element_size`` where given."""
     block_q, num_warps, *block_p = _tile_override.get(
-        kernel, _TILES[kernel, min(value.element_size(), 4)])
+        kernel, _TILES[kernel, min(element_size or value.element_size(), 4)])
     if (kernel == "fwd" and kernel not in _tile_override and rows < _FWD_FEW_ROWS
             and value.dtype != torch.float32):
         block_q = 1
@@ -266,22 +269,68 @@ def fill_zeros(t: torch.Tensor) -> bool:
     return pdl
 
 
+def grad_value_bound(go: torch.Tensor, attention_weights: torch.Tensor) -> torch.Tensor:
+    """(B, M) float64: a bound on |every partial sum| of grad_value[b, :, m, :]
+    for grad_output ``go`` (B, Q, M, D), computed on the device (no sync).
+
+    Each sample adds its weight times grad_output's row to four corners with
+    bilinear weights summing to 1, so a query adds at most
+    max_d |go[b, q, m, d]| * sum_{l,k} |w[b, q, m, l, k]| to any element; Q
+    times the largest of those bounds every sum.  A max rather than the sum
+    over the queries (looser by the largest query's bound over the mean one,
+    about 2x for random grad_output), so that the bound, and with it the fixed
+    point, is the same whatever the queries' order.  inf or NaN in go or the
+    weights make it inf or NaN."""
+    go_max = torch.linalg.vector_norm(go, float("inf"), dim=-1)  # exact in go's dtype
+    # fp32 at least: a sum of 16-bit weights could overflow fp16.
+    w_sum = torch.linalg.vector_norm(
+        attention_weights, 1, dim=(-2, -1),
+        dtype=torch.promote_types(attention_weights.dtype, torch.float32))
+    return (go_max.double() * w_sum.double()).amax(1) * go.shape[1]
+
+
+# fixed_to_float_kernel: ~2048 elements a program (64 rows of D = 32).
+_CONVERT = dict(ELEMS=2048, num_warps=4)
+
+
+def _fixed_to_float(acc: torch.Tensor, bound: torch.Tensor, dtype: torch.dtype,
+                    acc_dtype) -> torch.Tensor:
+    """msda_bwd_kernel's int64 fixed-point grad_value (B, S, M, D) as ``dtype``."""
+    B, S, M, D = acc.shape
+    out = torch.empty(acc.shape, device=acc.device, dtype=dtype)
+    block_d = _next_pow2(D)
+    block_s = max(1, _CONVERT["ELEMS"] // block_d)
+    with _device_guard(acc):
+        fixed_to_float_kernel[_grid(acc, S, block_s)](
+            acc, bound, out, S, D, *acc.stride()[:3],
+            BLOCK_S=block_s, BLOCK_D=block_d, ACC=acc_dtype, num_warps=_CONVERT["num_warps"])
+    return out
+
+
 def msda_backward(grad_output, value, spatial_shapes, level_start_index, sampling_locations,
-                  attention_weights, fp32_grad_accum: bool):
+                  attention_weights, fp32_grad_accum: bool, deterministic: bool = False):
     """Non-empty inputs only.  grad_output (B, Q, M * D).  Returns (grad_value, grad_loc, grad_attn),
     each contiguous in its input's dtype and shape.
 
     fp32_grad_accum: accumulate grad_value in an fp32 scratch buffer and
     round once at the end instead of atomically adding in value's dtype.
+    deterministic: accumulate grad_value in int64 fixed point instead
+    (fp32_grad_accum is then unused): bitwise the same every run (see
+    kernels.py and docs/determinism.md).
     """
     B, S, M, D = value.shape
     _, Q, _, L, K, _ = sampling_locations.shape
     grad_loc = sampling_locations.new_empty(sampling_locations.shape)
     grad_attn = attention_weights.new_empty(attention_weights.shape)
-    grad_value = torch.empty(value.shape, device=value.device,
-                             dtype=torch.float32 if fp32_grad_accum else value.dtype)
     go = grad_output.unflatten(-1, (M, D))  # a view for any strides
-    tile = _tile("bwd", value, L * K, B * Q * M)
+    acc = _acc_dtype(value, sampling_locations, attention_weights)
+    bound = grad_value_bound(go, attention_weights) if deterministic else None
+    accum = (torch.int64 if deterministic else torch.float32 if fp32_grad_accum
+             else value.dtype)
+    grad_value = torch.empty(value.shape, device=value.device, dtype=accum)
+    # int64 terms take registers: the fixed point takes the fp32 tile (8 points a
+    # chunk), 96 registers in bf16 at D = 32 on sm_90 against 120 with 16.
+    tile = _tile("bwd", value, L * K, B * Q * M, 4 if deterministic else 0)
     # The fill must be the kernel right before the backward: with PDL the
     # backward starts while the fill runs, and only its atomics wait for it.
     # (This assumes no other thread queues work on the same stream in
@@ -290,12 +339,13 @@ def msda_backward(grad_output, value, spatial_shapes, level_start_index, samplin
     with _device_guard(value):
         msda_bwd_kernel[_grid(value, Q, tile["BLOCK_Q"])](
             go, value, spatial_shapes, level_start_index, sampling_locations, attention_weights,
-            grad_value, grad_loc, grad_attn,
+            grad_value, grad_loc, grad_attn, bound,
             Q, S, D,
             *go.stride(), *value.stride(), *sampling_locations.stride(),
             *attention_weights.stride(),
             *grad_value.stride()[:3], *grad_loc.stride(), *grad_attn.stride(),
-            L=L, K=K, ACC=_acc_dtype(value, sampling_locations, attention_weights), PDL=pdl,
-            launch_pdl=pdl, **tile,
+            L=L, K=K, ACC=acc, PDL=pdl, launch_pdl=pdl, **tile,
         )
+    if deterministic:
+        return _fixed_to_float(grad_value, bound, value.dtype, acc), grad_loc, grad_attn
     return grad_value.to(value.dtype), grad_loc, grad_attn

@@ -9,6 +9,12 @@ interpreter, which is how CI tests them).  Other CPU tensors run the
 pure-PyTorch reference with plain autograd.  The custom ops are opaque to
 ``torch.compile``, so a compiled model has no graph break here, and no host
 synchronisation happens in either direction (CUDA-graph capturable).
+
+Determinism: the forward has no atomics.  The Triton backward sums
+grad_value with atomic adds, in float by default (the order, and so the
+rounding, varies run to run) or, with ``deterministic=True`` or under
+``torch.use_deterministic_algorithms(True)``, in int64 fixed point, which
+gives bitwise-identical gradients every run (docs/determinism.md).
 """
 from __future__ import annotations
 
@@ -20,7 +26,7 @@ from torch import Tensor
 
 from . import launch
 from .reference import level_start_index_from_shapes, msda_reference
-from .validate import check_inputs, check_level_sizes
+from .validate import check_inputs, check_level_sizes, check_optional_bool
 
 
 def _use_triton(t: Tensor) -> bool:
@@ -63,19 +69,30 @@ def _is_empty(value: Tensor, sampling_locations: Tensor) -> bool:
     return value.shape[3] == 0 or sampling_locations.shape[:3].numel() == 0
 
 
+def resolve_deterministic(deterministic: Optional[bool]) -> bool:
+    """Whether the backward sums grad_value in fixed point (bitwise the same
+    every run): as asked, or (None) as torch.are_deterministic_algorithms_enabled()
+    says when the backward runs."""
+    if deterministic is None:
+        return torch.are_deterministic_algorithms_enabled()
+    return deterministic
+
+
 def _alert_nondeterministic() -> None:
     # PyTorch's convention for ops with atomics (e.g. grid_sample's CUDA
     # backward): raise under use_deterministic_algorithms(True), warn under
-    # warn_only=True.  The CPU reference path is deterministic and never gets here.
+    # warn_only=True.  Only an explicit deterministic=False gets here in that
+    # mode (None follows it); the CPU reference path is deterministic throughout.
     if not torch.are_deterministic_algorithms_enabled():
         return
-    msg = ("msda_mm backward (grad_value accumulated with atomic adds) does not have a "
-           "deterministic implementation, but you set 'torch.use_deterministic_algorithms(True)'")
+    msg = ("msda_mm backward with deterministic=False (grad_value accumulated with float "
+           "atomic adds) does not have a deterministic implementation, but you set "
+           "'torch.use_deterministic_algorithms(True)'")
     if torch.is_deterministic_algorithms_warn_only_enabled():
         warnings.warn(msg + " with warn_only=True.", stacklevel=3)
     else:
-        raise RuntimeError(msg + ". Use warn_only=True, or run this op on CPU tensors (pure "
-                           "PyTorch reference) where determinism is required.")
+        raise RuntimeError(msg + ". Use deterministic=None or True (int64 fixed-point "
+                           "accumulation), or warn_only=True.")
 
 
 def _forward_impl(value, spatial_shapes, level_start_index, sampling_locations,
@@ -90,11 +107,14 @@ def _forward_impl(value, spatial_shapes, level_start_index, sampling_locations,
 
 
 def _backward_impl(grad_output, value, spatial_shapes, level_start_index, sampling_locations,
-                   attention_weights, fp32_grad_accum):
+                   attention_weights, fp32_grad_accum, deterministic):
     if _is_empty(value, sampling_locations):
         return (value.new_zeros(value.shape), sampling_locations.new_zeros(sampling_locations.shape),
                 attention_weights.new_zeros(attention_weights.shape))
     _require_triton(value)
+    if resolve_deterministic(deterministic):
+        return launch.msda_backward(grad_output, value, spatial_shapes, level_start_index,
+                                    sampling_locations, attention_weights, False, True)
     _alert_nondeterministic()
     return launch.msda_backward(grad_output, value, spatial_shapes, level_start_index,
                                 sampling_locations, attention_weights,
@@ -104,16 +124,17 @@ def _backward_impl(grad_output, value, spatial_shapes, level_start_index, sampli
 @torch.library.custom_op("msda_mm::msda_forward", mutates_args=())
 def msda_forward(value: Tensor, spatial_shapes: Tensor, level_start_index: Tensor,
                  sampling_locations: Tensor, attention_weights: Tensor,
-                 fp32_grad_accum: Optional[bool]) -> Tensor:
+                 fp32_grad_accum: Optional[bool], deterministic: Optional[bool]) -> Tensor:
     """Shapes as in ``multi_scale_deformable_attention``; returns (B, Q, M*D)
-    in value's dtype.  fp32_grad_accum only travels to the backward."""
+    in value's dtype.  fp32_grad_accum and deterministic only travel to the
+    backward."""
     return _forward_impl(value, spatial_shapes, level_start_index, sampling_locations,
                          attention_weights)
 
 
 @msda_forward.register_fake
 def _(value, spatial_shapes, level_start_index, sampling_locations, attention_weights,
-      fp32_grad_accum):
+      fp32_grad_accum, deterministic):
     B, _, M, D = value.shape
     return value.new_empty(B, sampling_locations.shape[1], M * D)
 
@@ -121,26 +142,28 @@ def _(value, spatial_shapes, level_start_index, sampling_locations, attention_we
 @torch.library.custom_op("msda_mm::msda_backward", mutates_args=())
 def msda_backward(grad_output: Tensor, value: Tensor, spatial_shapes: Tensor,
                   level_start_index: Tensor, sampling_locations: Tensor,
-                  attention_weights: Tensor,
-                  fp32_grad_accum: Optional[bool]) -> tuple[Tensor, Tensor, Tensor]:
+                  attention_weights: Tensor, fp32_grad_accum: Optional[bool],
+                  deterministic: Optional[bool]) -> tuple[Tensor, Tensor, Tensor]:
     """Returns (grad_value, grad_sampling_locations, grad_attention_weights),
     contiguous, each in its input's shape and dtype."""
     return _backward_impl(grad_output, value, spatial_shapes, level_start_index,
-                          sampling_locations, attention_weights, fp32_grad_accum)
+                          sampling_locations, attention_weights, fp32_grad_accum, deterministic)
 
 
 @msda_backward.register_fake
 def _(grad_output, value, spatial_shapes, level_start_index, sampling_locations,
-      attention_weights, fp32_grad_accum):
+      attention_weights, fp32_grad_accum, deterministic):
     return (value.new_empty(value.shape), sampling_locations.new_empty(sampling_locations.shape),
             attention_weights.new_empty(attention_weights.shape))
 
 
 def _setup_context(ctx, inputs, output):
-    value, spatial_shapes, level_start_index, sampling_locations, attention_weights, accum = inputs
+    (value, spatial_shapes, level_start_index, sampling_locations, attention_weights, accum,
+     deterministic) = inputs
     ctx.save_for_backward(value, spatial_shapes, level_start_index, sampling_locations,
                           attention_weights)
     ctx.fp32_grad_accum = accum
+    ctx.deterministic = deterministic
 
 
 def _backward(ctx, grad_output):
@@ -148,8 +171,8 @@ def _backward(ctx, grad_output):
         ctx.saved_tensors
     grad_value, grad_loc, grad_attn = msda_backward(
         grad_output, value, spatial_shapes, level_start_index, sampling_locations,
-        attention_weights, ctx.fp32_grad_accum)
-    return grad_value, None, None, grad_loc, grad_attn, None
+        attention_weights, ctx.fp32_grad_accum, ctx.deterministic)
+    return grad_value, None, None, grad_loc, grad_attn, None, None
 
 
 msda_forward.register_autograd(_backward, setup_context=_setup_context)
@@ -169,9 +192,9 @@ class _EagerMSDA(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, value, spatial_shapes, level_start_index, sampling_locations,
-                attention_weights, fp32_grad_accum):
+                attention_weights, fp32_grad_accum, deterministic):
         _setup_context(ctx, (value, spatial_shapes, level_start_index, sampling_locations,
-                             attention_weights, fp32_grad_accum), None)
+                             attention_weights, fp32_grad_accum, deterministic), None)
         return _forward_impl(value, spatial_shapes, level_start_index, sampling_locations,
                              attention_weights)
 
@@ -179,8 +202,8 @@ class _EagerMSDA(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_output):
         grad_value, grad_loc, grad_attn = _backward_impl(grad_output, *ctx.saved_tensors,
-                                                         ctx.fp32_grad_accum)
-        return grad_value, None, None, grad_loc, grad_attn, None
+                                                         ctx.fp32_grad_accum, ctx.deterministic)
+        return grad_value, None, None, grad_loc, grad_attn, None, None
 
 
 def multi_scale_deformable_attention(
@@ -192,6 +215,7 @@ def multi_scale_deformable_attention(
     im2col_step: Optional[int] = None,
     *,
     fp32_grad_accum: Optional[bool] = None,
+    deterministic: Optional[bool] = None,
 ) -> Tensor:
     """Multi-Scale Deformable Attention, a drop-in for mmcv's
     ``MultiScaleDeformableAttnFunction.apply`` (same positional arguments).
@@ -208,6 +232,23 @@ def multi_scale_deformable_attention(
         fp32_grad_accum: accumulate grad_value in fp32 scratch (True), in
             value's dtype with native atomics (False), or choose from the
             device (None): fp32 only for bf16 below compute capability 9.0.
+            Unused by the deterministic backward.
+        deterministic: sum grad_value in int64 fixed point (True), so that
+            the backward gives bitwise-identical gradients run to run (same
+            inputs, device model, msda_mm and Triton versions); with float
+            atomic adds (False: raises under
+            ``torch.use_deterministic_algorithms(True)``, warns with
+            ``warn_only=True``); or as
+            ``torch.are_deterministic_algorithms_enabled()`` says when the
+            backward runs (None).  The fixed point's scale is a power of two
+            per (batch, head), from a bound on that head's sums taken on the
+            device: grad_value is at least as accurate as with
+            fp32_grad_accum=True, and NaN throughout a head whose
+            grad_output or attention_weights hold inf or NaN (or whose bound
+            passes 2**127, 2**1023 for fp64 inputs).  The cost: an int64
+            buffer the size of value, zeroed and converted, and int64
+            atomics (docs/determinism.md).  grad_sampling_locations and
+            grad_attention_weights have no atomics: deterministic either way.
 
     Returns:
         (B, Q, M * D) in value's dtype.  Gradients flow to value,
@@ -215,6 +256,7 @@ def multi_scale_deformable_attention(
     """
     del im2col_step
     check_inputs(value, spatial_shapes, level_start_index, sampling_locations, attention_weights)
+    check_optional_bool("deterministic", deterministic)
     if not _use_triton(value):
         check_level_sizes(spatial_shapes, value.shape[1])
         return msda_reference(value, spatial_shapes, sampling_locations, attention_weights,
@@ -223,4 +265,4 @@ def multi_scale_deformable_attention(
         level_start_index = level_start_index_from_shapes(spatial_shapes)
     op = msda_forward if torch.compiler.is_compiling() else _EagerMSDA.apply
     return op(value, spatial_shapes, level_start_index, sampling_locations, attention_weights,
-              fp32_grad_accum)
+              fp32_grad_accum, deterministic)

@@ -81,6 +81,12 @@ def check_inputs(value, spatial_shapes, level_start_index, sampling_locations,
                          + ", ".join(f"{n}: {d}" for n, d in devices.items()))
 
 
+def check_optional_bool(name: str, flag) -> None:
+    """Raise TypeError unless ``flag`` is None, True or False."""
+    if flag is not None and not isinstance(flag, bool):
+        raise TypeError(f"{name} must be None, True or False, got {flag!r}")
+
+
 def check_level_sizes(spatial_shapes: torch.Tensor, S: int) -> None:
     """Raise ValueError if the levels do not tile value's S positions.
 
