@@ -126,7 +126,8 @@ def evaluate(args: argparse.Namespace) -> int:
 def train(args: argparse.Namespace) -> int:
     cfg = _load(args)
     # Only the seed: deterministic=True (torch.use_deterministic_algorithms)
-    # would make both ops' CUDA backward, which add with atomics, raise.
+    # would switch msda_mm to its fixed-point backward but leave mmcv's op on
+    # float atomics, comparing two ways of summing grad_value.
     cfg.randomness = dict(seed=args.seed)
     runner = build_runner(cfg)
     training.init_weights(runner, cfg)

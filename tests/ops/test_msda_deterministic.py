@@ -22,7 +22,7 @@ def _crowded(dtype, seed=0, **kw):
                        lo=0.4, hi=0.6, seed=seed, **kw)[0]
 
 
-def _permuted(args, grad_out, perm):
+def permuted(args, grad_out, perm):
     """The same call with the queries in order ``perm``."""
     out = dict(args, sampling_locations=args["sampling_locations"][:, perm],
                attention_weights=args["attention_weights"][:, perm])
@@ -30,7 +30,7 @@ def _permuted(args, grad_out, perm):
     return out, grad_out.unflatten(-1, (M, -1))[:, perm].flatten(-2)
 
 
-def _assert_equal(a, b):
+def assert_equal(a, b):
     torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True)
 
 
@@ -44,14 +44,14 @@ def test_runs_tiles_and_query_orders_give_bitwise_identical_gradients(dtype):
     for tile in tiles:
         with launch.tile_override(bwd=tile):
             _, grads, _ = run_op(args, grad_out=g, deterministic=True)
-        _assert_equal(grads["value"], first["value"])
+        assert_equal(grads["value"], first["value"])
     perm = torch.arange(args["attention_weights"].shape[1]).flip(0)
-    permuted, permuted_g = _permuted(args, g, perm)
-    _, grads, _ = run_op(permuted, grad_out=permuted_g, deterministic=True)
-    _assert_equal(grads["value"], first["value"])
+    perm_args, perm_g = permuted(args, g, perm)
+    _, grads, _ = run_op(perm_args, grad_out=perm_g, deterministic=True)
+    assert_equal(grads["value"], first["value"])
     # Written once per element, never added to: each is its query's own.
-    _assert_equal(grads["sampling_locations"], first["sampling_locations"][:, perm])
-    _assert_equal(grads["attention_weights"], first["attention_weights"][:, perm])
+    assert_equal(grads["sampling_locations"], first["sampling_locations"][:, perm])
+    assert_equal(grads["attention_weights"], first["attention_weights"][:, perm])
 
 
 def test_float_atomics_do_depend_on_the_query_order():
@@ -60,8 +60,8 @@ def test_float_atomics_do_depend_on_the_query_order():
     args = _crowded(torch.float32)
     _, first, g = run_op(args)
     perm = torch.arange(args["attention_weights"].shape[1]).flip(0)
-    permuted, permuted_g = _permuted(args, g, perm)
-    _, grads, _ = run_op(permuted, grad_out=permuted_g)
+    perm_args, perm_g = permuted(args, g, perm)
+    _, grads, _ = run_op(perm_args, grad_out=perm_g)
     torch.testing.assert_close(grads["value"], first["value"])
     assert not torch.equal(grads["value"], first["value"])
 
@@ -73,14 +73,16 @@ def test_locations_and_weights_gradients_are_the_default_backwards(dtype):
     _, det, g = run_op(args, deterministic=True)
     _, default, _ = run_op(args, grad_out=g, fp32_grad_accum=True)
     for k in ("sampling_locations", "attention_weights"):
-        _assert_equal(det[k], default[k])
+        assert_equal(det[k], default[k])
 
 
-def _errors(args, grad_out, **kw):
-    """grad_value's relative error against the fp64 reference: (deterministic,
-    fp32 accumulator)."""
-    f64 = {k: (v.double() if k in FLOAT_INPUTS else v) for k, v in args.items()}
-    _, truth, _ = run_op(f64, fn=reference_fn, grad_out=grad_out.double())
+def errors(args, grad_out):
+    """grad_value's relative error against the fp64 reference (on the CPU):
+    (deterministic, fp32 accumulator), both on args' device."""
+    f64 = {k: (v.cpu().double() if k in FLOAT_INPUTS else v.cpu()) for k, v in args.items()
+           if v is not None}
+    _, truth, _ = run_op(dict(f64, level_start_index=None), fn=reference_fn,
+                         grad_out=grad_out.cpu().double())
     _, det, _ = run_op(args, grad_out=grad_out, deterministic=True)
     _, fp32, _ = run_op(args, grad_out=grad_out, fp32_grad_accum=True)
     return rel_err(det["value"], truth["value"]), rel_err(fp32["value"], truth["value"])
@@ -91,7 +93,7 @@ def _errors(args, grad_out, **kw):
 def test_grad_value_is_no_less_accurate_than_the_fp32_accumulator(dtype, seed):
     args = _crowded(dtype, seed=seed)
     g = torch.randn(1, 6, 8, dtype=torch.float64).to(dtype)
-    det, fp32 = _errors(args, g)
+    det, fp32 = errors(args, g)
     assert det <= fp32 + ONE_ROUNDING.get(dtype, 0.0), (det, fp32, seed)
     assert det <= FLOOR[dtype], (det, seed)
 
@@ -110,7 +112,7 @@ def test_the_scale_follows_grad_output_exactly(dtype, power):
     g = torch.randn(1, 6, 8).to(dtype)
     _, base, _ = run_op(args, grad_out=g, deterministic=True)
     _, scaled, _ = run_op(args, grad_out=g * 2.0**power, deterministic=True)
-    _assert_equal(scaled["value"], base["value"] * 2.0**power)
+    assert_equal(scaled["value"], base["value"] * 2.0**power)
 
 
 @pytest.mark.parametrize("bad", [float("inf"), float("nan")])
@@ -124,10 +126,10 @@ def test_non_finite_grad_output_makes_its_head_nan(bad):
     g[0, 2, 5] = bad  # query 2, head 1 (D = 4), channel 1
     _, grads, _ = run_op(args, grad_out=g, deterministic=True)
     assert grads["value"][:, :, 1].isnan().all()
-    _assert_equal(grads["value"][:, :, 0], clean["value"][:, :, 0])
+    assert_equal(grads["value"][:, :, 0], clean["value"][:, :, 0])
     _, default, _ = run_op(args, grad_out=g, fp32_grad_accum=True)
     for k in ("sampling_locations", "attention_weights"):
-        _assert_equal(grads[k], default[k])
+        assert_equal(grads[k], default[k])
 
 
 def test_nan_weight_and_a_bound_past_fp32_make_their_heads_nan():
@@ -157,5 +159,5 @@ def test_bound_caps_every_partial_sum_and_ignores_query_order():
     assert (largest <= bound).all() and (bound <= 4 * 6 * 2 * 2 * largest).all(), (largest,
                                                                                   bound)
     perm = torch.randperm(6)
-    _assert_equal(launch.grad_value_bound(g.unflatten(-1, (2, 4))[:, perm],
+    assert_equal(launch.grad_value_bound(g.unflatten(-1, (2, 4))[:, perm],
                                           args["attention_weights"][:, perm]), bound)

@@ -161,6 +161,19 @@ def test_fp32_grad_accum_reaches_the_op(reference_backend, op_calls):
     assert [c["fp32_grad_accum"] for c in op_calls] == [None, True]
 
 
+def test_deterministic_reaches_the_op(reference_backend, op_calls):
+    # Like fp32_grad_accum: a config key, no parameter; None follows
+    # torch.use_deterministic_algorithms inside the op.
+    default = TritonMSDeformAttn(**ARGS)
+    forced = MODELS.build(dict(type="TritonMSDeformAttn", deterministic=True, **ARGS))
+    forced.load_state_dict(default.state_dict(), strict=True)
+    default(**attention_inputs())
+    forced(**attention_inputs())
+    assert [c["deterministic"] for c in op_calls] == [None, True]
+    with pytest.raises(TypeError, match="deterministic must be None, True or False, got 'on'"):
+        TritonMSDeformAttn(deterministic="on", **ARGS)
+
+
 def test_fp32_compute_hands_the_op_an_fp32_value(reference_backend, op_calls):
     # Under bf16 autocast the projected value is bf16 (the test above);
     # fp32_compute casts it up before the op, so the op runs (and returns,
