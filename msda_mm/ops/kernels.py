@@ -311,14 +311,16 @@ def _pow2(e, ACC: tl.constexpr):
 def _fixed_point_exponent(bound_ptr, b, m, ACC: tl.constexpr):
     """Head (b, m)'s fixed-point exponent e and whether it has one: bound_ptr
     is a (B, M) float64 bound on |every partial sum| of grad_value[b, :, m, :]
-    (Grid dim 1 is M).  e is the largest with bound * 2**e < 2**61,
-    capped at twice ACC's largest normal exponent less one (scales are applied
-    as two factors, so a bound as small as ACC's subnormals keeps its bits).
-    ok is False, and e 0, where the bound is inf, NaN or 2**BIAS or more (a
-    term or the result could overflow ACC): that head's grad_value is NaN."""
+    (grid dim 1 is M).  e is the largest with bound * 2**e < 2**61, capped at
+    2 * (BIAS - 1): the scale is applied as two factors 2**(e // 2) and
+    2**(e - e // 2), each with a normal inverse, so that a bound as small as
+    ACC's subnormals still gets 61 bits.  ok is False, and e 0, where the
+    bound is inf, NaN or 2**BIAS or more (a term or the result could
+    overflow ACC): that head's grad_value is NaN."""
     BIAS: tl.constexpr = 1023 if ACC == tl.float64 else 127
-    # The sums then stay under 2**62 even with the bound's own rounding (at
-    # most 2**-19 short), clear of int64's 2**63.
+    # The sums then stay under 2**62 while the bound is less than 2x short
+    # (its fp32 weight sums and the terms' roundings: ~L*K*2**-24), clear of
+    # int64's 2**63.
     BITS: tl.constexpr = 61
     bound = tl.load(_head_base(bound_ptr, b, m, tl.num_programs(1), 1))
     # The exponent field: bound < 2**ex for every bound >= 0 (0 and subnormals
@@ -331,8 +333,8 @@ def _fixed_point_exponent(bound_ptr, b, m, ACC: tl.constexpr):
 @triton.jit
 def _grad_value_terms(c, go, e, gv_ty: tl.constexpr, ACC: tl.constexpr):
     """What grad_value's atomics add: c * go rounded to gv_ty, or in fixed
-    point (gv_ty int64) c * go * 2**e truncated to an integer, the power of
-    two applied as two exact factors 2**(e // 2) and 2**(e - e // 2)."""
+    point (gv_ty int64) c * go * 2**e truncated to an integer, 2**e applied
+    as two factors (see _fixed_point_exponent), both exact."""
     if gv_ty == tl.int64:
         half = e >> 1
         return (c * go * _pow2(half, ACC) * _pow2(e - half, ACC)).to(tl.int64)

@@ -114,7 +114,8 @@ def _backward_impl(grad_output, value, spatial_shapes, level_start_index, sampli
     _require_triton(value)
     if resolve_deterministic(deterministic):
         return launch.msda_backward(grad_output, value, spatial_shapes, level_start_index,
-                                    sampling_locations, attention_weights, False, True)
+                                    sampling_locations, attention_weights,
+                                    fp32_grad_accum=False, deterministic=True)
     _alert_nondeterministic()
     return launch.msda_backward(grad_output, value, spatial_shapes, level_start_index,
                                 sampling_locations, attention_weights,
