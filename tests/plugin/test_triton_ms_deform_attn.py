@@ -149,27 +149,21 @@ def test_bf16_autocast_keeps_locations_fp32(reference_backend, op_calls):
     assert op_calls[1]["locations"] == torch.float64
 
 
-def test_fp32_grad_accum_reaches_the_op(reference_backend, op_calls):
+@pytest.mark.parametrize("flag", ["fp32_grad_accum", "deterministic"])
+def test_op_flags_reach_the_op(reference_backend, op_calls, flag):
     # The config key (e.g. --cfg-options
     # model.encoder.layer_cfg.self_attn_cfg.fp32_grad_accum=True) is passed
     # to every call; it is no parameter or buffer, so checkpoints still load.
+    # deterministic=None follows torch.use_deterministic_algorithms in the op.
     default = TritonMSDeformAttn(**ARGS)
-    forced = MODELS.build(dict(type="TritonMSDeformAttn", fp32_grad_accum=True, **ARGS))
+    forced = MODELS.build(dict(type="TritonMSDeformAttn", **{flag: True}, **ARGS))
     forced.load_state_dict(default.state_dict(), strict=True)
     default(**attention_inputs())
     forced(**attention_inputs())
-    assert [c["fp32_grad_accum"] for c in op_calls] == [None, True]
+    assert [c[flag] for c in op_calls] == [None, True]
 
 
-def test_deterministic_reaches_the_op(reference_backend, op_calls):
-    # Like fp32_grad_accum: a config key, no parameter; None follows
-    # torch.use_deterministic_algorithms inside the op.
-    default = TritonMSDeformAttn(**ARGS)
-    forced = MODELS.build(dict(type="TritonMSDeformAttn", deterministic=True, **ARGS))
-    forced.load_state_dict(default.state_dict(), strict=True)
-    default(**attention_inputs())
-    forced(**attention_inputs())
-    assert [c["deterministic"] for c in op_calls] == [None, True]
+def test_deterministic_must_be_a_bool():
     with pytest.raises(TypeError, match="deterministic must be None, True or False, got 'on'"):
         TritonMSDeformAttn(deterministic="on", **ARGS)
 
