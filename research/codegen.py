@@ -18,6 +18,7 @@ import subprocess
 import tempfile
 import time
 import types
+from pathlib import Path
 from typing import Optional
 from unittest import mock
 
@@ -203,14 +204,41 @@ def analyse(ptx: str, sass: str) -> dict:
     )
 
 
-def compile_variant(v: Variant) -> dict:
+# What of the PTX is debug information, which moves with every source line:
+# .loc/.file directives, comments, $L__tmp labels and the .debug sections.
+_PTX_DEBUG_LINE = re.compile(r"^\s*(?:\.loc|\.file|//|\$L__tmp\d+:)")
+_PTX_DEBUG_SECTIONS = re.compile(r"^\s*\.section\s+\.debug", re.M)
+
+
+def code_ptx(ptx: str) -> str:
+    """The PTX without its debug information: equal for equal code."""
+    ptx = _PTX_DEBUG_SECTIONS.split(ptx, maxsplit=1)[0]
+    return "".join(line for line in ptx.splitlines(keepends=True)
+                   if not _PTX_DEBUG_LINE.match(line))
+
+
+def variant_name(v: Variant) -> str:
+    """A file name stem for the variant, e.g. fwd-sm90-bf16-d32 or
+    bwd-sm90-bf16-d32-native_auto."""
+    accum = re.sub(r"\W+", "_", v.accum).strip("_")
+    return f"{v.kernel}-sm{v.arch}-{v.dtype}-d{v.head_dim}" + (f"-{accum}" if accum else "")
+
+
+def compile_variant(v: Variant, dump: Optional[Path] = None) -> dict:
     """The variant's fields plus ``analyse``'s, or ``error`` if it does not
-    compile.  Never raises, so one failure does not hide the others."""
+    compile.  Never raises, so one failure does not hide the others.
+    ``dump``: a folder to write the variant's code_ptx (.ptx) and SASS
+    (.sass) into, to diff two checkouts' code."""
     row = dict(dataclasses.asdict(v), accum=v.accum, triton=triton.__version__)
     start = time.perf_counter()
     try:
         kernel = _compile(*_recorded_launch(v), v.arch)
-        row.update(analyse(kernel.asm["ptx"], _cuobjdump(kernel.asm["cubin"])), error=None)
+        sass = _cuobjdump(kernel.asm["cubin"])
+        if dump:
+            stem = Path(dump) / variant_name(v)
+            stem.with_suffix(".ptx").write_text(code_ptx(kernel.asm["ptx"]))
+            stem.with_suffix(".sass").write_text(sass)
+        row.update(analyse(kernel.asm["ptx"], sass), error=None)
     except Exception as e:  # noqa: BLE001 - reported per variant, the tool exits non-zero
         row["error"] = f"{type(e).__name__}: {e}"
     row["seconds"] = round(time.perf_counter() - start, 1)

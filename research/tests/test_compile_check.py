@@ -148,3 +148,16 @@ def test_pairs_variants_only_where_the_launcher_takes_the_pairs_kernel():
     from research import codegen as cc
     rows = cc.variants([90], ["fp32", "bf16", "fp16"], [31, 32], ("fwd_pairs",))
     assert [(v.dtype, v.head_dim) for v in rows] == [("bf16", 32), ("fp16", 32)]
+
+
+def test_dump_writes_code_without_debug_lines(tmp_path):
+    # --dump: what two checkouts' code is compared by (debug lines and
+    # labels move with every source line and are left out).
+    rows = _compile_check(tmp_path / "rows.json", "--archs", "90", "--head-dims", "32",
+                          "--dump", str(tmp_path / "dump"), kernel="fwd", dtypes=("fp32",))
+    assert len(rows) == 1 and rows[0]["error"] is None
+    ptx = (tmp_path / "dump" / "fwd-sm90-fp32-d32.ptx").read_text()
+    sass = (tmp_path / "dump" / "fwd-sm90-fp32-d32.sass").read_text()
+    assert ".entry msda_fwd_kernel" in ptx and "ld.global" in ptx
+    assert ".loc" not in ptx and "$L__tmp" not in ptx and ".debug" not in ptx
+    assert "LDG.E" in sass
