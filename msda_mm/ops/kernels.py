@@ -304,7 +304,8 @@ def _pow2(e, ACC: tl.constexpr):
     ACC's normal range."""
     if ACC == tl.float64:
         return ((e.to(tl.int64) + 1023) << 52).to(tl.float64, bitcast=True)
-    return ((e.to(tl.int32) + 127) << 23).to(tl.float32, bitcast=True)
+    else:
+        return ((e.to(tl.int32) + 127) << 23).to(tl.float32, bitcast=True)
 
 
 @triton.jit
