@@ -127,7 +127,7 @@ def test_learned_bn_statistics_are_synced_across_ranks(name):
                                   "synthetic/dino_r50_synthetic_bf16.py"])
 def test_synthetic_r50_schedule_warms_the_lr_up_for_200_steps(name):
     # From random weights DINO stalled in about half the runs without it
-    # (benchmarks/e2e/README.md, session 9).  The MultiStepLR stays first:
+    # (docs/training.md).  The MultiStepLR stays first:
     # run_e2e.sh reschedules param_scheduler.0.
     multistep, warmup = _load(name).param_scheduler
     assert (multistep.type, multistep.by_epoch, multistep.milestones) == ("MultiStepLR", True, [5])

@@ -56,7 +56,7 @@ class TritonMSDeformAttn(MultiScaleDeformableAttention):
     autocast rounds it there anyway and in a half model takes half.
     fp32_compute does not make bf16 training more reliable: bf16 DINO
     trainings from scratch without an LR warmup lagged fp32 at random with the op on bf16 values
-    or in fp32 alike (benchmarks/e2e/ap_b16: AP 3.6 with fp32_compute, seed
+    or in fp32 alike (benchmarks/e2e/ap_no_warmup: AP 3.6 with fp32_compute, seed
     1; 86.5 on bf16 values, seed 3; fp32 83.7-86.8), as they must if the
     bf16 and fp32 kernels compute the same on the same values
     (tests/ops/test_msda_bf16_matches_fp32.py, which holds on the H200 at

@@ -10,7 +10,7 @@ of D values, so the gathers (forward) and the scattered atomic adds
 a chunk are independent, so all their loads are in flight at once.  (The
 first version looped over the L * K points one at a time, each a
 location load followed by a dependent corner gather: on the H200 the
-decoder forward was latency-bound at 22 us; benchmarks/NOTES.md.)
+decoder forward was latency-bound at 22 us; docs/design.md.)
 
 Locations and weights are read in whatever float dtype they come in and all
 arithmetic is in ACC (fp32, or fp64 when an input is fp64, which gradcheck

@@ -26,49 +26,15 @@ def interpreter_enabled() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
-# (BLOCK_Q, num_warps, BLOCK_P) per kernel and value element size, tuned at
-# D = 32 (mmdet's 256 / 8 heads) and L * K = 16; a larger D shrinks BLOCK_Q
-# to keep the registers per program (see _tile).  Chosen from 13 tiles on
-# the H200 (benchmarks/NOTES.md, cold-L2 graph replays, us, decoder /
-# dino_decoder / encoder presets):
-# - one warp per program wins everywhere; more warps lose most in the
-#   forward (bf16, 4 queries x 4 warps: 27.6 / 61.2 / 570), for reasons not
-#   yet measured (layout conversions are not it: NOTES.md).
-# - forward 2 queries x 16 points: bf16 16.9 / 30.8 / 209, fp32 19.6 / 35.5
-#   / 250 (1 query: 17.0 / 31.0 / 265; 4 queries x 8 points: 19.7 / 32.8 /
-#   199 in bf16, the only tile better on one preset).
-# - backward 1 query: bf16 46.3 / 82.2 / 563 with 16 points (2 queries: 52.5
-#   / 93.8 / 607); fp32 69.9 / 128 / 855 with 8 points per chunk (16: 73.2 /
-#   132 / 872).
-# Re-measured after the kernels lost their integer divisions and int64
-# indices (session 3, benchmarks/NOTES.md): forward bf16 2 x 1 x 16 16.5 /
-# 27.8 / 179, fp32 20.5 / 37.8 / 242; backward bf16 1 x 1 x 16 45.7 / 81.3 /
-# 560.
+# (BLOCK_Q, num_warps, BLOCK_P) per kernel and value element size at D = 32 and
+# L * K = 16 (wider heads: _tile): the fastest of 13 one- and multi-warp tiles (docs/design.md).
 _TILES = {("fwd", 4): (2, 1, 16), ("fwd", 2): (2, 1, 16),
           ("bwd", 4): (1, 1, 8), ("bwd", 2): (1, 1, 16)}
-# The 2-query forward wins on large grids (encoder, 356k (batch, query, head)
-# rows: bf16 179 against 224 us with 1 query), but a 16-bit decoder is
-# latency-bound and gains from more, smaller programs (bf16, 9.6k rows: 15.6
-# against 16.5 us; 28.8k rows: 27.5 against 27.8): below this many rows a
-# 16-bit (and fp64) forward takes one query per program.  Session 5 re-tried
-# the alternatives on the decoder (bf16, graph cold / CUPTI us,
-# nvidia-h200-decoder-fwd-ab-s5.json): this tile 15.5 / 12.3; multi-warp tiles
-# still lose (2 x 2 x 8 22.2 / 18.9, 4 x 4 x 8 36.4 / 32.8), and so does the
-# pairs kernel with the points split over warps or thread groups (best: 4
-# queries x 2 slices, 1 warp, 17.0 / 13.3; not shipped).  fp32 keeps 2 queries
-# (fp64, for gradcheck only, was not measured and keeps 1): session 11 (graph /
-# CUPTI us, benchmarks/nvidia-h200-decoder-fwd-s11.json) decoder 19.3 / 15.6
-# against 20.6 / 17.1 with 1 query, dino_decoder 33.9 / 31.1 against 37.0 /
-# 34.2 (bf16 there: 16.8 / 12.9 against 15.5 / 12.3).
+# Below this many (batch, query, head) rows a 16-bit (and fp64) forward takes 1 query a
+# program: bf16 decoder 15.6 us against 16.5 with 2 (fp32 keeps 2; docs/design.md).
 _FWD_FEW_ROWS = 1 << 16
-# msda_fwd_pairs_kernel's queries per one-warp program at D = 32 (8 x 16
-# words of two channels: each thread one 16-byte load per corner row); a
-# wider head takes queries off (see _pairs_tile).  Same threshold as above:
-# on the H200 (benchmarks/nvidia-h200-forward-ab.json, graph cold us) the
-# pairs kernel wins the encoder (bf16 170.9 / fp16 171.4 against 180.4 /
-# 185.2 for msda_fwd_kernel's 2-query tile; 16 queries x 2 warps 173.2,
-# 32 x 4 173.0) and loses the latency-bound decoders (decoder 19.8 against
-# 15.9, dino_decoder 30.7 against 27.5, bf16).
+# msda_fwd_pairs_kernel's queries per one-warp program at D = 32 (wider heads: _pairs_tile):
+# bf16 encoder 170.9 us against 173.2 (16 x 2) and 173.0 (32 x 4) (docs/design.md).
 _PAIRS_QUERIES_D32 = 8
 _tile_override: dict = {}
 
@@ -113,7 +79,7 @@ def _tile(kernel: str, value: torch.Tensor, points: int, rows: int,
     # A wider head first takes queries off the tile (the registers of the
     # tuned D = 32 tile), then, past 2x the tuned elements per warp (D >= 128),
     # adds warps: one warp spilled 14 registers in the bf16 backward at
-    # D = 256 and 236 with fp32 accumulation (tools/compile_check.py).
+    # D = 256 and 236 with fp32 accumulation (research/compile_check.py).
     tuned = block_q * block_p * 32
     block_q = max(1, tuned // (block_p * block_d))
     num_warps = min(8, max(num_warps, num_warps * block_q * block_p * block_d // (2 * tuned)))
@@ -196,17 +162,8 @@ def msda_forward(value, spatial_shapes, level_start_index, sampling_locations,
     return out.view(B, Q, M * D)
 
 
-# zero_fill_kernel: BLOCK int32 words a program per step, at most
-# _FILL_PROGRAMS_PER_SM programs per SM, so that all are resident at once
-# and the backward launches as soon as each has started.  On the H200
-# (session 10, 7 tiles; graph us of the backward behind the fill, uniform,
-# decoder / dino_decoder; benchmarks/nvidia-h200-fill-pdl-s10.json):
-# - 16-bit grad_value: this fill with PDL 38.5 / 74.8; PyTorch's fill
-#   without PDL 41.2 / 78.0, with PDL (overlapping only the fill's tail)
-#   40.8 / 77.2.
-# - fp32: this fill with PDL 68.8 / 127.9; PyTorch's without 69.4 / 127.2,
-#   with PDL 68.6 / 126.9, so fp32 keeps PyTorch's fill (alone it writes
-#   4.5 TB/s, this kernel 4.3) and the backward behind it still takes PDL.
+# zero_fill_kernel: at most _FILL_PROGRAMS_PER_SM programs an SM, all resident, so the backward
+# launched behind it (PDL) starts at once: bf16 decoder 41.2 -> 38.5 us (docs/design.md).
 _FILL = dict(BLOCK=4096, num_warps=4)
 _FILL_PROGRAMS_PER_SM = 4
 
@@ -244,9 +201,8 @@ def fill_zeros(t: torch.Tensor) -> bool:
     the kernel sm_90 runs).  Everything else goes through PyTorch's fill,
     16-bit buffers of even size as int32 words: PyTorch wrote 16-bit zeros
     at 3.2 TB/s on the H200 against 4.5 TB/s for fp32 (grad_value of the
-    decoder preset, 45.5 MB bf16 in 14.4 us, 91 MB fp32 in 20.1 us:
-    benchmarks/nvidia-h200-gather-ceiling.json; as words 10.6 us:
-    nvidia-h200-gather-ceiling-fill-s8.json).
+    decoder preset, 45.5 MB bf16 in 14.4 us, 91 MB fp32 in 20.1 us; as
+    words 10.6 us: docs/design.md).
     """
     flat = t.view(-1)
     if not flat.numel():

@@ -187,7 +187,7 @@ class _EagerMSDA(torch.autograd.Function):
     and on the H200 (torch 2.11) host time per decoder forward + backward
     went from 824 to 774 us with this path.  Of what remains, the backward's
     Python runs about twice as slow on autograd's device thread as on the
-    calling thread (benchmarks/NOTES.md, session 10).  torch.compile sees
+    calling thread (docs/design.md).  torch.compile sees
     only the custom ops.
     """
 
