@@ -11,6 +11,7 @@ from mmengine.structures import InstanceData, PixelData
 from msda_mm.models import TritonMSDeformAttn, triton_ms_deform_attn
 
 from .detr_configs import build_detector, deformable_attentions, mask2former_model_cfg
+from .train_step import finite_step
 
 SIZE = 64  # the pixel decoder's three levels: 8 x 8, 4 x 4, 2 x 2
 
@@ -66,17 +67,12 @@ def test_mask2former_loss_backward_is_finite(reference_backend, quiet_mmengine, 
     monkeypatch.setattr(triton_ms_deform_attn, "multi_scale_deformable_attention",
                         lambda *args, **kwargs: op_calls.append(1) or op(*args, **kwargs))
 
-    data = model.data_preprocessor(batch(kind), training=True)
-    losses = model.loss(data["inputs"], data["data_samples"])
-    total, _ = model.parse_losses(losses)
-    total.backward()
+    losses = finite_step(model, batch(kind))
 
     attentions = deformable_attentions(model)
     assert len(attentions) == len(op_calls) == 1
     assert type(attentions[0]) is TritonMSDeformAttn
     assert {"loss_cls", "loss_mask", "loss_dice", "d0.loss_mask"} <= set(losses)
-    for name, value in losses.items():
-        assert torch.isfinite(value).all(), name
     for name, p in attentions[0].named_parameters():
         assert p.grad is not None and torch.isfinite(p.grad).all(), name
     # Offsets (zero-initialised weight) learn through the sampling locations.
@@ -88,12 +84,6 @@ def test_mask2former_loss_backward_is_finite(reference_backend, quiet_mmengine, 
 def test_mask2former_bf16_autocast_step_on_cuda(quiet_mmengine, kind):
     # configs/mask2former_r50_bf16.py's path: Triton kernels on a bf16 value.
     model = small_mask2former(kind).cuda()
-    data = model.data_preprocessor(batch(kind), training=True)
-    with torch.autocast("cuda", dtype=torch.bfloat16):
-        losses = model.loss(data["inputs"], data["data_samples"])
-    total, _ = model.parse_losses(losses)
-    total.backward()
-    for name, value in losses.items():
-        assert torch.isfinite(value).all(), name
+    finite_step(model, batch(kind), autocast="cuda")
     for attn in deformable_attentions(model):
         assert torch.isfinite(attn.sampling_offsets.weight.grad).all()

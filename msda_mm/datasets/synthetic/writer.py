@@ -115,7 +115,7 @@ def _check_ours(out: Path) -> None:
                          f"refusing to write into it; use an empty or new folder")
 
 
-def read_marker(out: Path) -> dict | None:
+def _read_marker(out: Path) -> dict | None:
     """The arguments of the complete tree under ``out``, or None."""
     path = out / MARKER
     if not path.exists():
@@ -167,7 +167,7 @@ def ensure_generated(out: str | os.PathLike, num_train: int, num_val: int,
     out.mkdir(parents=True, exist_ok=True)
     with open(out / LOCK, "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        have = read_marker(out)
+        have = _read_marker(out)
         if have is None:
             generate(out, num_train, num_val, size, seed, workers)
             return True
