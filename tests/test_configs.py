@@ -27,9 +27,18 @@ def _load(name: str) -> Config:
     return Config.fromfile(str(CONFIGS / name))
 
 
+def _deformable_layers(model: Config) -> int:
+    """Layers with a multi-scale deformable attention: DETR's encoder and
+    decoder, or Mask2Former's pixel decoder."""
+    if "panoptic_head" in model:
+        return model.panoptic_head.pixel_decoder.encoder.num_layers
+    return model.encoder.num_layers + model.decoder.num_layers
+
+
 def test_the_documented_configs_ship():
     assert {"dino_bf16.py", "dino_fp32.py", "deformable_detr_bf16.py", "deformable_detr_fp32.py",
-            "synthetic/dino_r50_synthetic_bf16.py", "synthetic/dino_tiny_cpu.py"} <= set(ALL)
+            "mask2former_r50_bf16.py", "synthetic/dino_r50_synthetic_bf16.py",
+            "synthetic/dino_tiny_cpu.py"} <= set(ALL)
 
 
 def _msda_of_model(cfg: Config) -> list:
@@ -39,7 +48,7 @@ def _msda_of_model(cfg: Config) -> list:
     init_default_scope("mmdet")
     model = MODELS.build(cfg.model)
     msda = [m for m in model.modules() if isinstance(m, MultiScaleDeformableAttention)]
-    assert len(msda) == cfg.model.encoder.num_layers + cfg.model.decoder.num_layers
+    assert len(msda) == _deformable_layers(cfg.model)
     return msda
 
 

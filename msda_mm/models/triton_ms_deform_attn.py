@@ -11,6 +11,8 @@ It subclasses mmcv's class and replaces only ``forward``, which is why:
 """
 from __future__ import annotations
 
+import inspect
+from numbers import Integral
 from typing import Optional
 
 import torch
@@ -25,6 +27,32 @@ from mmdet.registry import MODELS
 
 from ..ops import multi_scale_deformable_attention
 from ..ops.validate import check_optional_bool
+
+
+def _mmcv_arguments(args: tuple, kwargs: dict) -> dict:
+    """Every argument of mmcv's constructor by name, defaults filled in."""
+    bound = inspect.signature(MultiScaleDeformableAttention.__init__).bind(None, *args, **kwargs)
+    bound.apply_defaults()
+    return bound.arguments
+
+
+def _check_sizes(embed_dims, num_heads, num_levels, num_points, value_proj_ratio,
+                 **_) -> None:
+    """TypeError/ValueError naming the size argument that cannot build the
+    module (mmcv's own constructor fails on num_heads=0 with a
+    ZeroDivisionError, on num_levels=0 in init_weights, naming neither)."""
+    sizes = dict(embed_dims=embed_dims, num_heads=num_heads, num_levels=num_levels,
+                 num_points=num_points)
+    for name, size in sizes.items():
+        if isinstance(size, bool) or not isinstance(size, Integral):
+            raise TypeError(f"{name} must be an int, got {size!r}")
+        if size < 1:
+            raise ValueError(f"{name} must be at least 1, got {size}")
+    value_dims = int(embed_dims * value_proj_ratio)
+    for name, dims in (("embed_dims", embed_dims), ("embed_dims * value_proj_ratio", value_dims)):
+        if dims % num_heads or dims < 1:
+            raise ValueError(f"{name} = {dims} must be a positive multiple of num_heads = "
+                             f"{num_heads}")
 
 
 def _location_dtype(reference_points: Tensor) -> torch.dtype:
@@ -78,7 +106,9 @@ class TritonMSDeformAttn(MultiScaleDeformableAttention):
                  fp32_compute: bool = False, deterministic: Optional[bool] = None, **kwargs):
         if not isinstance(fp32_compute, bool):
             raise TypeError(f"fp32_compute must be True or False, got {fp32_compute!r}")
-        check_optional_bool("deterministic", deterministic)
+        fp32_grad_accum = check_optional_bool("fp32_grad_accum", fp32_grad_accum)
+        deterministic = check_optional_bool("deterministic", deterministic)
+        _check_sizes(**_mmcv_arguments(args, kwargs))
         super().__init__(*args, **kwargs)
         self.fp32_grad_accum = fp32_grad_accum
         self.fp32_compute = fp32_compute

@@ -25,8 +25,9 @@ import torch
 from torch import Tensor
 
 from . import launch
+from .level_starts import level_starts_on_device
 from .reference import level_start_index_from_shapes, msda_reference
-from .validate import check_inputs, check_level_sizes, check_optional_bool
+from .validate import check_inputs, check_levels, check_optional_bool
 
 
 def _use_triton(t: Tensor) -> bool:
@@ -101,7 +102,7 @@ def _forward_impl(value, spatial_shapes, level_start_index, sampling_locations,
         B, _, M, D = value.shape
         return value.new_zeros(B, sampling_locations.shape[1], M * D)
     _require_triton(value)
-    check_level_sizes(spatial_shapes, value.shape[1])
+    check_levels(spatial_shapes, level_start_index, value.shape[1])
     return launch.msda_forward(value, spatial_shapes, level_start_index, sampling_locations,
                                attention_weights)
 
@@ -224,8 +225,8 @@ def multi_scale_deformable_attention(
     Args:
         value: (B, S, M, D) float, S = sum_l H_l * W_l.
         spatial_shapes: (L, 2) int32/int64 (H_l, W_l).
-        level_start_index: (L,) int offsets of each level in S, or None to
-            derive them from spatial_shapes (on the device, no sync).
+        level_start_index: (L,) int offsets of each level in S (the levels
+            tile S in order, so these are the cumulative H_l * W_l), or None.
         sampling_locations: (B, Q, M, L, K, 2) normalised (x, y); may be a
             different float dtype than value (kept, never rounded to value's).
         attention_weights: (B, Q, M, L, K) float, any float dtype.
@@ -254,16 +255,35 @@ def multi_scale_deformable_attention(
     Returns:
         (B, Q, M * D) in value's dtype.  Gradients flow to value,
         sampling_locations and attention_weights, each in its own dtype.
+
+    What is checked: shapes, dtypes and devices of every tensor, and
+    fp32_grad_accum and deterministic (None, True or False), always.  The values of spatial_shapes and
+    level_start_index only for CPU tensors in eager mode (ValueError unless
+    every H_l, W_l >= 1, sum_l H_l * W_l = S and level_start_index is where
+    each level starts).  What is trusted on CUDA, where reading them would
+    cost a host synchronisation: spatial_shapes (positive, covering S, with
+    no H_l * W_l past int64).  Shapes that break this never read or write
+    outside value and its gradient (the kernels mask every corner outside
+    [0, S)) but give a wrong result.  level_start_index is not trusted: the
+    kernels never see the one passed (a CPU one is checked first), only
+    starts derived from spatial_shapes on the device.  Under torch.compile
+    the values are checked on no device.
     """
     del im2col_step
     check_inputs(value, spatial_shapes, level_start_index, sampling_locations, attention_weights)
-    check_optional_bool("deterministic", deterministic)
-    if not _use_triton(value):
-        check_level_sizes(spatial_shapes, value.shape[1])
+    fp32_grad_accum = check_optional_bool("fp32_grad_accum", fp32_grad_accum)
+    deterministic = check_optional_bool("deterministic", deterministic)
+    if not _use_triton(value):  # the reference checks the level values it reads
         return msda_reference(value, spatial_shapes, sampling_locations, attention_weights,
                               level_start_index).to(value.dtype)
-    if level_start_index is None:
-        level_start_index = level_start_index_from_shapes(spatial_shapes)
-    op = msda_forward if torch.compiler.is_compiling() else _EagerMSDA.apply
+    check_levels(spatial_shapes, level_start_index, value.shape[1])
+    spatial_shapes = spatial_shapes.contiguous()  # the kernels read (H, W) rows
+    # Starts derived, not passed: a CUDA index that disagrees with the shapes
+    # is invisible without a sync.  Eager: 1 launch, not the 3 aten ops that
+    # compile fuses into one kernel.
+    compiling = torch.compiler.is_compiling()
+    level_start_index = (level_start_index_from_shapes(spatial_shapes) if compiling
+                         else level_starts_on_device(spatial_shapes))
+    op = msda_forward if compiling else _EagerMSDA.apply
     return op(value, spatial_shapes, level_start_index, sampling_locations, attention_weights,
               fp32_grad_accum, deterministic)
