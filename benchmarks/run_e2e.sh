@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The end-to-end GPU results of issue #5, one part per device call (each call
-# is killed at 600 s, so every step runs under a deadline and the results are
+# The end-to-end GPU results (benchmarks/e2e), one part per GPU job of at most
+# 600 s (each job is killed then, so every step runs under a deadline and the results are
 # packed before it).
 #
 #   bash benchmarks/run_e2e.sh {train|profile|seeds|ap|amp|ddp} OUT
@@ -22,24 +22,24 @@
 #          kept in fp32) and seed of E2E_SEEDS (default "0 1"), all runs at
 #          once (round-robin over the GPUs; on one GPU they share it): AP
 #          against seed-to-seed noise.
-# ap:      seeds' runs on session 5's schedule, the one that reached AP 85 in
-#          fp32 (benchmarks/e2e/ap_b16; since session 9 with the configs'
-#          LR warmup, E2E_WARMUP=0 for session 5's): 16 images a step with msda_mm's
+# ap:      seeds' runs on the batch-16 schedule that trains DINO to AP 80-87
+#          (benchmarks/e2e/ap_warmup200, with the configs' LR warmup;
+#          E2E_WARMUP=0 for none, benchmarks/e2e/ap_no_warmup): 16 images a step with msda_mm's
 #          BatchedMatchingDINOHead and fused AdamW (the host cut: ~0.33 s a
 #          step in bf16, 0.41 in fp32), E2E_EPOCHS (default 16) epochs of 63
 #          steps, evaluated every 4, LR drop 2 epochs before the end; seed
 #          0 unless E2E_SEEDS; each bf16 run then gets `tools/parity.py
 #          grads` and `kernels` on its epoch-4 checkpoint (see seed_run).
 #          Meant for one run
-#          per GPU: on 2 GPUs, two variants (or seeds) a call; E2E_BUDGET_S
+#          per GPU: on 2 GPUs, two variants (or seeds) a job; E2E_BUDGET_S
 #          defaults to 560 here (fp32: ~500 s).
 # amp:     the first E2E_AMP_EPOCHS (default 3: 189 steps) epochs of the ap
 #          schedule, evaluated once at the end, no checkpoint or checks, for
 #          every variant of E2E_VARIANTS (default: bf16, fp32, bf16_noscale
 #          and the KEEP_FP32 ones) at once: which part of bf16 AMP makes its
-#          loss lag fp32's from the first steps (every bf16 run of ap_b16
-#          did, in its first 50; session 7's runs had no warmup:
-#          E2E_WARMUP=0 to compare with them).
+#          loss lag fp32's from the first steps (every bf16 run of ap_no_warmup
+#          did, in its first 50; benchmarks/e2e/amp_bisect has no warmup:
+#          E2E_WARMUP=0 to compare with it).
 # ddp:     (2 GPUs) the multi-GPU op test; the synthetic bf16 training through
 #          tools/dist_train.sh on 2 GPUs (2 x 4 images a step), then the same
 #          schedule on one GPU (8 images a step) once per GPU, seeds 0 and 1
@@ -55,7 +55,7 @@
 # Environment: E2E_EPOCHS (train, default 4) epochs of 125 iterations for
 # both precisions; E2E_WARMUP (default: the synthetic configs' own 200)
 # steps of linear LR warmup for every synthetic training, 0 for none (the
-# schedule of sessions 5-8); E2E_BUDGET_S (default 530) seconds until the deadline;
+# schedule of benchmarks/e2e/ap_no_warmup); E2E_BUDGET_S (default 530) seconds until the deadline;
 # E2E_SMOKE=1 swaps in the tiny CPU config and a few steps, to test this
 # script without a GPU.
 set -uo pipefail  # no -e: a failed step is recorded and the others still run
@@ -95,7 +95,7 @@ fi
 # checkpoint every epoch so that a run cut by the deadline still has one;
 # the loss logged every 10 iterations, for curves to compare the precisions.
 if [[ $PART == ap || $PART == amp ]]; then
-    # Session 5's schedule (see the header); the checkpoints only with the
+    # The ap schedule (see the header); the checkpoints only with the
     # evaluations (each is ~570 MB with AdamW's state), all kept: seed_run
     # reads the first after the training.
     val=$((EPOCHS < 4 ? EPOCHS : 4))
@@ -130,8 +130,8 @@ FP32_COMPUTE=(model.encoder.layer_cfg.self_attn_cfg.fp32_compute=True
 # transformer alone in bf16); the backbone; the encoder; the whole
 # transformer; and every submodule (bf16_fp32all: fp32 arithmetic under
 # AmpOptimWrapper and its GradScaler, the control that says whether a bf16
-# run's failure needs bf16 at all).  Session 7 ran all but bf16_fp32cls,
-# bf16_fp32reg, bf16_fp32cnnhead and bf16_fp32all (benchmarks/e2e/amp_bisect).
+# run's failure needs bf16 at all).  Results of all but bf16_fp32cls and
+# bf16_fp32reg: benchmarks/e2e/amp_bisect.
 declare -A KEEP_FP32=(
     [bf16_fp32head]=bbox_head
     [bf16_fp32cls]=bbox_head.cls_branches
@@ -176,7 +176,7 @@ rm -rf "$RES" && mkdir -p "$RES/logs" && : > "$SUMMARY"
 # a test checks the copy), then, for N > 0, a linear LR warmup over the
 # first N steps, which mmengine chains with it.  The configs' own 200 steps
 # made every run of two seeds learn in both precisions, where without a
-# warmup about half the runs stalled (benchmarks/e2e/README.md, session 9).
+# warmup about half the runs stalled (docs/training.md).
 if [[ -n ${E2E_WARMUP+set} ]]; then
     mkdir -p "$RES/configs"
     warmup=()
@@ -298,7 +298,7 @@ seed_runs() {
 
 # seed_run VARIANT SEED CONFIG [OPTIONS...]: one training; in the ap part a
 # bf16 run then gets two checks on its first checkpoint (step 252, the loss
-# plateau where session 5's bf16 runs lagged), each with the op as the run
+# plateau where bf16 runs without a warmup lagged), each with the op as the run
 # trained it (bf16_fp32compute's: on bf16 values, as configured without its
 # option): tools/parity.py grads, one batch's gradients against
 # fp32_grad_accum and fp32_compute beside their run-to-run floor (~30 s);

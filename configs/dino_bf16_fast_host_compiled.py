@@ -9,7 +9,7 @@
 # 8): 291.6 ms a step with 97.5 ms of GPU time, against 321.5 / 156.3 ms
 # uncompiled, though launches fell only 7521 -> 7161 a step: the gain is
 # in the fused kernels' memory traffic and the host's eager ops
-# (benchmarks/e2e/README.md, session 9).
+# (docs/training.md).
 _base_ = './dino_bf16_fast_host.py'
 
 custom_hooks = [

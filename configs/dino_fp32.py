@@ -12,3 +12,6 @@ model = dict(
     backbone=dict(init_cfg=None),
     encoder=dict(layer_cfg=dict(self_attn_cfg=dict(type='TritonMSDeformAttn'))),
     decoder=dict(layer_cfg=dict(cross_attn_cfg=dict(type='TritonMSDeformAttn'))))
+# Checkpoints saved atomically with a sha256 beside each, checked before
+# loading; --resume falls back to the newest whole one (msda_mm.engine).
+default_hooks = dict(checkpoint=dict(type='VerifiedCheckpointHook'))

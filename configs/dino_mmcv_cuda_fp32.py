@@ -9,3 +9,6 @@ custom_imports = dict(imports=['msda_mm', 'msda_mm.compat.with_mmcv_cuda'],
 
 # Nothing is downloaded at run time (as in dino_fp32.py): random backbone weights.
 model = dict(backbone=dict(init_cfg=None))
+# Checkpoints saved atomically with a sha256 beside each, checked before
+# loading; --resume falls back to the newest whole one (msda_mm.engine).
+default_hooks = dict(checkpoint=dict(type='VerifiedCheckpointHook'))

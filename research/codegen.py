@@ -18,6 +18,7 @@ import subprocess
 import tempfile
 import time
 import types
+from pathlib import Path
 from typing import Optional
 from unittest import mock
 
@@ -68,12 +69,15 @@ class Variant:
     head_dim: int
     fp32_accum: Optional[bool] = None  # bwd: grad_value in an fp32 scratch buffer
     auto: Optional[bool] = None  # bwd: fp32_accum is what the op picks on this arch
+    deterministic: bool = False  # bwd: grad_value in int64 fixed point (fp32_accum unused)
     softmax: bool = False  # forwards: attention weights are logits (SOFTMAX)
 
     @property
     def accum(self) -> str:
         if self.kernel == "fwd":
             return "-"
+        if self.deterministic:
+            return "int64 (deterministic)"
         mode = "fp32" if self.fp32_accum else "native"
         return f"{mode} ({'auto' if self.auto else 'forced'})"
 
@@ -93,7 +97,8 @@ def auto_fp32_accum(dtype: str, arch: int) -> bool:
 def variants(archs, dtypes, head_dims, kernels=KERNELS, softmax=(False,)) -> list[Variant]:
     """Forward per (arch, dtype, D) and each of ``softmax``; backward with
     the auto-selected accumulation and the other one forced, except for
-    fp32 values, where both modes are the same fp32 kernel."""
+    fp32 values, where both modes are the same fp32 kernel; then the
+    deterministic backward."""
     out = []
     for arch in archs:
         for dtype in dtypes:
@@ -109,6 +114,7 @@ def variants(archs, dtypes, head_dims, kernels=KERNELS, softmax=(False,)) -> lis
                     out.append(Variant("bwd", arch, dtype, d, auto, True))
                     if dtype != "fp32":
                         out.append(Variant("bwd", arch, dtype, d, not auto, False))
+                    out.append(Variant("bwd", arch, dtype, d, False, False, True))
     return out
 
 
@@ -141,13 +147,16 @@ def _recorded_launch(v: Variant):
               empty(B, Q, M, L, K, 2), empty(B, Q, M, L, K))
     name = f"msda_{v.kernel}_kernel"
     recorder = _Recorder(getattr(kernels, name))
-    # As on a GPU of this arch: PDL from sm_90 on, behind the fill kernel.
+    # As on a GPU of this arch: PDL from sm_90 on, behind the fill kernel; the
+    # deterministic backward's conversion kernel only records its call.
     with mock.patch.object(launch, name, recorder), \
+            mock.patch.object(launch, "fixed_to_float_kernel",
+                              _Recorder(kernels.fixed_to_float_kernel)), \
             mock.patch.object(launch, "fill_zeros", lambda t: v.arch >= 90):
         if v.kernel.startswith("fwd"):
             launch.msda_forward(*inputs, softmax=v.softmax)
         else:
-            launch.msda_backward(empty(B, Q, M * D), *inputs, v.fp32_accum)
+            launch.msda_backward(empty(B, Q, M * D), *inputs, v.fp32_accum, v.deterministic)
     if recorder.call is None:
         raise RuntimeError(f"the launcher did not pick {name} for {v}")
     return (recorder.fn, *recorder.call)
@@ -201,14 +210,42 @@ def analyse(ptx: str, sass: str) -> dict:
     )
 
 
-def compile_variant(v: Variant) -> dict:
+# What of the PTX is debug information, which moves with every source line:
+# .loc/.file directives, comments, $L__tmp labels and the .debug sections.
+_PTX_DEBUG_LINE = re.compile(r"^\s*(?:\.loc|\.file|//|\$L__tmp\d+:)")
+_PTX_DEBUG_SECTIONS = re.compile(r"^\s*\.section\s+\.debug", re.M)
+
+
+def code_ptx(ptx: str) -> str:
+    """The PTX without its debug information: equal for equal code."""
+    ptx = _PTX_DEBUG_SECTIONS.split(ptx, maxsplit=1)[0]
+    return "".join(line for line in ptx.splitlines(keepends=True)
+                   if not _PTX_DEBUG_LINE.match(line))
+
+
+def variant_name(v: Variant) -> str:
+    """A file name stem for the variant, e.g. fwd-sm90-bf16-d32,
+    fwd-sm90-bf16-d32-softmax or bwd-sm90-bf16-d32-native_auto."""
+    accum = re.sub(r"\W+", "_", v.accum).strip("_")
+    return (f"{v.kernel}-sm{v.arch}-{v.dtype}-d{v.head_dim}" + (f"-{accum}" if accum else "")
+            + ("-softmax" if v.softmax else ""))
+
+
+def compile_variant(v: Variant, dump: Optional[Path] = None) -> dict:
     """The variant's fields plus ``analyse``'s, or ``error`` if it does not
-    compile.  Never raises, so one failure does not hide the others."""
+    compile.  Never raises, so one failure does not hide the others.
+    ``dump``: a folder to write the variant's code_ptx (.ptx) and SASS
+    (.sass) into, to diff two checkouts' code."""
     row = dict(dataclasses.asdict(v), accum=v.accum, triton=triton.__version__)
     start = time.perf_counter()
     try:
         kernel = _compile(*_recorded_launch(v), v.arch)
-        row.update(analyse(kernel.asm["ptx"], _cuobjdump(kernel.asm["cubin"])), error=None)
+        sass = _cuobjdump(kernel.asm["cubin"])
+        if dump:
+            stem = Path(dump) / variant_name(v)
+            stem.with_suffix(".ptx").write_text(code_ptx(kernel.asm["ptx"]))
+            stem.with_suffix(".sass").write_text(sass)
+        row.update(analyse(kernel.asm["ptx"], sass), error=None)
     except Exception as e:  # noqa: BLE001 - reported per variant, the tool exits non-zero
         row["error"] = f"{type(e).__name__}: {e}"
     row["seconds"] = round(time.perf_counter() - start, 1)

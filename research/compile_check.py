@@ -4,7 +4,10 @@ print what the code generator made of it: the backward's atomics (PTX and
 SASS, CAS loop or not) and the forward's load widths, with registers and
 spills.  Exits non-zero if any variant fails to compile.
 
-    python research/compile_check.py [--archs 80 90] [--softmax] [--json out.json]
+    python research/compile_check.py [--archs 80 90] [--softmax] [--json out.json] [--dump DIR]
+
+--dump writes each variant's PTX (without debug information) and SASS, so
+that two checkouts' code can be diffed: ``diff -r DIR_A DIR_B``.
 """
 import os
 
@@ -13,6 +16,7 @@ import os
 os.environ.pop("TRITON_INTERPRET", None)
 
 import argparse  # noqa: E402
+import functools  # noqa: E402
 import json  # noqa: E402
 import multiprocessing  # noqa: E402
 import sys  # noqa: E402
@@ -61,6 +65,7 @@ def main(argv=None) -> int:
                    help="also compile the forwards that take softmax over attention logits")
     p.add_argument("--jobs", type=int, default=os.cpu_count())
     p.add_argument("--json", help="also write the rows to this file")
+    p.add_argument("--dump", type=Path, help="write <variant>.ptx and .sass into this folder")
     args = p.parse_args(argv)
 
     todo = cc.variants(args.archs, args.dtypes, args.head_dims, args.kernels,
@@ -71,7 +76,9 @@ def main(argv=None) -> int:
     # Compilation is single-threaded and CPU-bound; spawn, not fork, so no
     # worker inherits the parent's torch/MLIR state.
     with ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
-        rows = list(pool.map(cc.compile_variant, todo))
+        if args.dump:
+            args.dump.mkdir(parents=True, exist_ok=True)
+        rows = list(pool.map(functools.partial(cc.compile_variant, dump=args.dump), todo))
 
     print(f"triton {rows[0]['triton']}, {len(rows)} variants")
     print_table("backward: grad_value atomics", [r for r in rows if r["kernel"] == "bwd"],

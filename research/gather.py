@@ -2,7 +2,7 @@
 fetches, with none of the op's other work.
 
 The encoder forward is bound by moving gathered value rows from L2 to the
-SMs (benchmarks/NOTES.md: 1.46 GB in ~172 us in bf16, 2.9 GB in ~231 us in
+SMs (docs/design.md: 1.46 GB in ~172 us in bf16, 2.9 GB in ~231 us in
 fp32), and its targets ask for 190 us in fp32.  Whether any kernel can is
 a question for the hardware: ``gather_sum_kernel`` reads exactly the corner
 rows of a preset's samples (indices computed beforehand, so no location
@@ -58,9 +58,9 @@ def distinct_rows(rows: torch.Tensor, R: int, shuffle: bool, seed: int = 0) -> t
     over-count at the levels' edges included): the bytes are a floor for
     any forward with a cold L2, and the time, that of a kernel doing
     nothing else (random order: as a forward over random locations reads
-    them).  Session 11 on the H200, decoder preset: 17.0 MB of bf16 rows in
-    10.8 us of kernel shuffled, 9.1 sorted, against 12.3 for the forward in
-    the same call (benchmarks/NOTES.md)."""
+    them).  On the H200, decoder preset: 17.0 MB of bf16 rows in 10.8 us of
+    kernel shuffled, 9.1 sorted, against 12.3 for the forward in the same
+    run (docs/design.md)."""
     uniq = rows.reshape(-1).unique()
     if shuffle:
         gen = torch.Generator(uniq.device).manual_seed(seed)

@@ -129,7 +129,7 @@ def main(argv=None) -> int:
             for bq, br, nw in args.tiles:
                 runs[f"gather {bq}x{br}x{nw}"] = (
                     lambda bq=bq, br=br, nw=nw: gather_sum(value, rows, bq, br, nw), nbytes)
-            # 1 x 64 rows x 1 warp: the fastest of 3 tiles on the H200 (session 11).
+            # 1 x 64 rows x 1 warp: the fastest of 3 tiles on the H200 (docs/design.md).
             for order, shuffle in (("shuffled", True), ("sorted", False)):
                 once = distinct_rows(rows, 64, shuffle)
                 runs[f"distinct rows once, {order}"] = (

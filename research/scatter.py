@@ -1,7 +1,7 @@
 """The scatter ceiling: how fast this GPU can do the atomic row-adds an MSDA
 backward does into grad_value, with none of the op's other work.
 
-The backward's time goes to its scattered atomics (benchmarks/NOTES.md:
+The backward's time goes to its scattered atomics (docs/design.md:
 ncu saw the memory pipes 92.5% busy in the encoder's), plus the zero fill
 of grad_value they add into.  ``scatter_add_kernel`` does exactly the
 backward's atomics (one row-add per corner of every sample, at the rows

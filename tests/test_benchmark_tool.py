@@ -204,3 +204,26 @@ def test_mmcv_cuda_runs_mmcvs_function_on_the_build(mmcv_cuda_impl):
                                       x.attention_weights.double())
     torch.testing.assert_close(out, want, rtol=0, atol=0)
     assert multi_scale_deform_attn.ext_module is not kernels
+
+
+def test_deterministic_rows_beside_the_default(tmp_path):
+    # msda_mm_det is msda_mm with deterministic=True; --tiles gives both
+    # families their extra rows.
+    tool = runpy.run_path(str(TOOL))
+    args = tool["parse_args"](["--device", "cpu", "--impl", "msda_mm,msda_mm_det",
+                               "--tiles", "1x1,1x1x4"])
+    assert args.impl == ("msda_mm", "msda_mm_det", "msda_mm@1x1,1x1x4", "msda_mm_det@1x1,1x1x4")
+    assert tool["parse_args"](["--device", "cpu", "--impl", "reference", "--tiles",
+                               "1x1,1x1x4"]).impl == ("reference", "msda_mm@1x1,1x1x4")
+    out = tmp_path / "bench"
+    assert tool["main"](["--device", "cpu", "--presets", "tiny", "--dtypes", "bf16",
+                         "--locations", "clustered", "--impl", "msda_mm,msda_mm_det",
+                         "--budget-ms", "1", "--out", str(out)]) == 0
+    cells = {c["impl"]: c for c in json.loads((out / "cpu.json").read_text())["cells"]}
+    assert cells.keys() == {"msda_mm", "msda_mm_det"}
+    assert all(c["status"] == "ok" for c in cells.values()), cells
+    # bf16: both sum grad_value exactly enough for one final rounding (the
+    # interpreter's default is the fp32 scratch buffer).
+    assert cells["msda_mm_det"]["err_rel_grad_value"] < 2 * 2.0**-8
+    assert cells["msda_mm_det"]["fp32_grad_accum"] is None
+    assert cells["msda_mm"]["fp32_grad_accum"] is True

@@ -27,9 +27,18 @@ def _load(name: str) -> Config:
     return Config.fromfile(str(CONFIGS / name))
 
 
+def _deformable_layers(model: Config) -> int:
+    """Layers with a multi-scale deformable attention: DETR's encoder and
+    decoder, or Mask2Former's pixel decoder."""
+    if "panoptic_head" in model:
+        return model.panoptic_head.pixel_decoder.encoder.num_layers
+    return model.encoder.num_layers + model.decoder.num_layers
+
+
 def test_the_documented_configs_ship():
     assert {"dino_bf16.py", "dino_fp32.py", "deformable_detr_bf16.py", "deformable_detr_fp32.py",
-            "synthetic/dino_r50_synthetic_bf16.py", "synthetic/dino_tiny_cpu.py"} <= set(ALL)
+            "mask2former_r50_bf16.py", "synthetic/dino_r50_synthetic_bf16.py",
+            "synthetic/dino_tiny_cpu.py"} <= set(ALL)
 
 
 def _msda_of_model(cfg: Config) -> list:
@@ -39,7 +48,7 @@ def _msda_of_model(cfg: Config) -> list:
     init_default_scope("mmdet")
     model = MODELS.build(cfg.model)
     msda = [m for m in model.modules() if isinstance(m, MultiScaleDeformableAttention)]
-    assert len(msda) == cfg.model.encoder.num_layers + cfg.model.decoder.num_layers
+    assert len(msda) == _deformable_layers(cfg.model)
     return msda
 
 
@@ -64,13 +73,15 @@ def _unscoped(value):
     return value
 
 
-def test_mmcv_cuda_baseline_is_mmdets_dino_but_for_downloads():
+def test_mmcv_cuda_baseline_is_mmdets_dino_but_for_downloads_and_checkpoints():
     stock = Config.fromfile(str(Path(mmdet.__file__).parent / ".mim/configs" / STOCK_DINO))
     stock = stock.to_dict()
     ours = _unscoped(_load("dino_mmcv_cuda_fp32.py").to_dict())
     assert ours.pop("custom_imports")["imports"] == ["msda_mm", "msda_mm.compat.with_mmcv_cuda"]
     assert ours["model"]["backbone"].pop("init_cfg") is None
     stock["model"]["backbone"].pop("init_cfg")
+    assert ours["default_hooks"]["checkpoint"].pop("type") == "VerifiedCheckpointHook"
+    assert stock["default_hooks"]["checkpoint"].pop("type") == "CheckpointHook"
     assert ours == stock
 
 
@@ -125,9 +136,19 @@ def test_learned_bn_statistics_are_synced_across_ranks(name):
                                   "synthetic/dino_r50_synthetic_bf16.py"])
 def test_synthetic_r50_schedule_warms_the_lr_up_for_200_steps(name):
     # From random weights DINO stalled in about half the runs without it
-    # (benchmarks/e2e/README.md, session 9).  The MultiStepLR stays first:
+    # (docs/training.md).  The MultiStepLR stays first:
     # run_e2e.sh reschedules param_scheduler.0.
     multistep, warmup = _load(name).param_scheduler
     assert (multistep.type, multistep.by_epoch, multistep.milestones) == ("MultiStepLR", True, [5])
     assert (warmup.type, warmup.by_epoch, warmup.begin, warmup.end, warmup.start_factor) == \
         ("LinearLR", False, 0, 200, 0.001)
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_checkpoints_are_saved_and_checked_by_the_verified_hook(name):
+    assert _load(name).default_hooks.checkpoint.type == "VerifiedCheckpointHook"
+
+
+def test_the_demo_checkpoints_every_epoch_and_keeps_a_few():
+    checkpoint = _load("synthetic/dino_tiny_cpu.py").default_hooks.checkpoint
+    assert checkpoint.interval == 1 and 2 <= checkpoint.max_keep_ckpts <= 5

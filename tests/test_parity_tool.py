@@ -168,13 +168,20 @@ def test_bad_command_lines_say_what_is_wrong(parity_tool, capsys):
         parity_tool["main"](["train", "missing.py"])
 
 
-def test_kernels_report_passes_only_if_every_call_does(parity_tool, capsys):
+@pytest.fixture
+def parity_commands(monkeypatch):
+    """tools/parity_commands.py's globals (what tools/parity.py runs after its command line)."""
+    monkeypatch.syspath_prepend(str(TOOLS))
+    return runpy.run_path(str(TOOLS / "parity_commands.py"))
+
+
+def test_kernels_report_passes_only_if_every_call_does(parity_commands, capsys):
     call = dict(call=0, value=[2, 30, 8, 32], locations=[2, 7, 8, 4, 4, 2],
                 fp32_grad_accum=True, output=-0.4, grad_value=-0.2, grad_loc=3e-7,
                 grad_attn=2e-7, passed=True, mmcv_fp32=None)
     native = dict(call, fp32_grad_accum=False, grad_value=None)
     ops = dict(triton="msda_mm Triton kernels", mmcv="mmcv multi_scale_deformable_attn_pytorch")
-    assert parity_tool["_print_kernels"]("cfg.py", [call, native], "out.json", ops) == 0
+    assert parity_commands["_print_kernels"]("cfg.py", [call, native], "out.json", ops) == 0
     out = capsys.readouterr().out
     assert "PASS: 2 of 2 checks within" in out
     assert "  mmcv: mmcv multi_scale_deformable_attn_pytorch" in out
@@ -182,18 +189,26 @@ def test_kernels_report_passes_only_if_every_call_does(parity_tool, capsys):
     far = dict(call, call=1, mmcv_fp32=dict(output=1e-7, grad_value=2e-7, grad_loc=0.5,
                                             grad_attn=1e-7))
     bad = dict(call, call=2, output=1.5, passed=False)
-    assert parity_tool["_print_kernels"]("cfg.py", [call, native, far, bad], "out.json",
-                                         ops) == 3
+    assert parity_commands["_print_kernels"]("cfg.py", [call, native, far, bad], "out.json",
+                                             ops) == 3
     out = capsys.readouterr().out
     assert "FAIL: 3 of 4 checks within" in out and out.count("FAIL") == 2
     assert "  5.0e-01  ok" in out
 
 
-def test_mmcv_cuda_that_cannot_run_stops_the_tool(parity_tool):
-    args = parity_tool["argparse"].Namespace(mmcv="cuda")
+def test_mmcv_choices_are_the_librarys(parity_tool, capsys):
+    # Spelled in the tool so that --help answers before torch loads.
+    assert parity_tool["MMCV_KERNELS"] == attention.MMCV_KERNELS
+    with pytest.raises(SystemExit):
+        parity_tool["parse_args"](["kernels", CONFIG, "--mmcv", "triton"])
+    assert "invalid choice: 'triton'" in capsys.readouterr().err
+
+
+def test_mmcv_cuda_that_cannot_run_stops_the_tool(parity_commands):
+    args = parity_commands["argparse"].Namespace(mmcv="cuda")
     with pytest.raises(SystemExit, match="--mmcv cuda: mmcv's CUDA kernels need a model on a "
                                          "CUDA device, not cpu"):
-        parity_tool["_mmcv_side"](args, torch.device("cpu"))
+        parity_commands["_mmcv_side"](args, torch.device("cpu"))
 
 
 class TwoLayers(torch.nn.Module):

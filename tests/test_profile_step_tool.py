@@ -78,7 +78,14 @@ def profile_tool(monkeypatch):
     return runpy.run_path(str(TOOL))
 
 
-def test_the_configs_compile_hooks_run_before_the_steps(profile_tool):
+@pytest.fixture
+def profile_measure(monkeypatch):
+    """tools/profile_step_measure.py's globals (what tools/profile_step.py runs)."""
+    monkeypatch.syspath_prepend(str(TOOL.parent))
+    return runpy.run_path(str(TOOL.parent / "profile_step_measure.py"))
+
+
+def test_the_configs_compile_hooks_run_before_the_steps(profile_measure):
     # Runner.train() would run them in before_train; the tool runs no loop.
     from mmengine.hooks import Hook
     from torch import nn
@@ -90,7 +97,7 @@ def test_the_configs_compile_hooks_run_before_the_steps(profile_tool):
     others.before_train = lambda runner: pytest.fail("only compile hooks may run")
     runner = SimpleNamespace(model=model, hooks=[
         others, CompileSubmodulesHook(modules=["1"], backend="eager")])
-    assert profile_tool["compile_as_configured"](runner) == ["1"]
+    assert profile_measure["compile_as_configured"](runner) == ["1"]
     assert model[1]._compiled_call_impl is not None and model[0]._compiled_call_impl is None
 
 
@@ -119,8 +126,8 @@ def test_amp_without_cuda_stops_before_building(profile_tool, tmp_path):
     (dict(type="SelectiveAmpOptimWrapper", dtype="bfloat16", fp32_modules=["bbox_head", "neck"]),
      "AMP bfloat16, fp32 bbox_head, neck"),
 ])
-def test_the_report_names_the_precision(profile_tool, wrapper, label):
-    assert profile_tool["precision"](SimpleNamespace(optim_wrapper=wrapper)) == label
+def test_the_report_names_the_precision(profile_measure, wrapper, label):
+    assert profile_measure["precision"](SimpleNamespace(optim_wrapper=wrapper)) == label
 
 
 @pytest.mark.parametrize("amp, wrapper", [
@@ -128,15 +135,16 @@ def test_the_report_names_the_precision(profile_tool, wrapper, label):
                   fp32_modules=["bbox_head"])),
     ("none", dict(type="OptimWrapper")),
 ])
-def test_amp_flag_keeps_a_configs_own_amp_wrapper(profile_tool, amp, wrapper):
+def test_amp_flag_keeps_a_configs_own_amp_wrapper(profile_tool, profile_measure, amp, wrapper):
     cfg = Config(dict(optim_wrapper=dict(type="SelectiveAmpOptimWrapper", dtype="bfloat16",
                                          fp32_modules=["bbox_head"])))
-    args = SimpleNamespace(batch_size=None, image_size=None, amp=amp, config="config.py")
+    args = profile_tool["parse_args"]([CONFIG, "--amp", amp])
+    args.config = "config.py"
     if amp != "none" and not torch.cuda.is_available():
         with pytest.raises(SystemExit, match="needs a CUDA GPU"):  # after the update
-            profile_tool["apply_args"](cfg, args)
+            profile_measure["apply_args"](cfg, args)
     else:
-        profile_tool["apply_args"](cfg, args)
+        profile_measure["apply_args"](cfg, args)
     assert cfg.optim_wrapper.to_dict() == wrapper
 
 

@@ -59,7 +59,7 @@ def test_seeds_part_trains_each_variant_per_seed(tmp_path):
     assert summary.count("bbox_mAP_copypaste") == 4, summary  # 2 evaluations a run
 
 
-def test_ap_part_runs_session_5s_schedule(tmp_path):
+def test_ap_part_runs_the_batch16_ap_schedule(tmp_path):
     # The batch-16 schedule with the host cut, on the variant that runs the
     # op in fp32 under bf16 AMP; seed 0 unless E2E_SEEDS; then the gradient
     # comparison and the kernel check of a bf16 variant.

@@ -1,6 +1,11 @@
 """The synthetic shapes generator and ``SyntheticShapesDataset``: determinism,
-valid COCO, one writer among concurrent processes, first-use generation."""
+valid COCO, one writer among concurrent processes, first-use generation,
+folders it does not own left alone, damaged trees named."""
+import contextlib
+import io
 import multiprocessing
+import re
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -11,16 +16,19 @@ from pycocotools.coco import COCO
 from msda_mm.datasets import SyntheticShapesDataset
 from msda_mm.datasets.synthetic import SPLITS, ann_file, ensure_generated, generate
 from msda_mm.datasets.synthetic.__main__ import main as cli_main
+from msda_mm.datasets.synthetic.writer import CLAIM, LOCK, MARKER
 
 # isort: split
 from mmdet.registry import DATASETS  # after msda_mm, whose mmcv-lite shims it needs
 
 SMALL = dict(num_train=6, num_val=3, size=(64, 80))
+CLI_ARGS = ["--num-train", "6", "--num-val", "3", "--size", "64", "80", "--seed", "0"]
 
 
 def _tree(root: Path) -> dict:
+    """Every file but the lock (which only the locking writers leave)."""
     return {p.relative_to(root).as_posix(): p.read_bytes()
-            for p in sorted(root.rglob("*")) if p.is_file()}
+            for p in sorted(root.rglob("*")) if p.is_file() and p.name != LOCK}
 
 
 @pytest.fixture(scope="module")
@@ -32,8 +40,7 @@ def tree(tmp_path_factory):
 
 def test_same_seed_same_bytes(tree, tmp_path):
     # The fixture drew on several threads, the command line on one.
-    cli_main(["--out", str(tmp_path), "--num-train", "6", "--num-val", "3", "--size", "64", "80",
-              "--seed", "0", "--workers", "1"])
+    cli_main(["--out", str(tmp_path), *CLI_ARGS, "--workers", "1"])
     assert _tree(tmp_path) == _tree(tree)
 
 
@@ -74,8 +81,56 @@ def test_concurrent_processes_generate_once(tree, tmp_path):
     with multiprocessing.get_context("fork").Pool(3) as pool:
         wrote = pool.starmap(ensure_generated, [args] * 3)
     assert sorted(wrote) == [False, False, True]
-    generated = {k: v for k, v in _tree(tmp_path).items() if not k.startswith(".generate")}
-    assert generated == _tree(tree)
+    assert _tree(tmp_path) == _tree(tree)
+
+
+def _cli_output(out: str) -> str:
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        cli_main(["--out", out, *CLI_ARGS])
+    return printed.getvalue()
+
+
+def test_two_command_lines_at_once_write_once(tree, tmp_path):
+    """Guards: two ``python -m msda_mm.datasets.synthetic`` on one folder
+    both wrote, through the same temporary names, and could crash half way;
+    now one writes, the other waits for it and reuses the tree."""
+    with multiprocessing.get_context("fork").Pool(2) as pool:
+        printed = pool.map(_cli_output, [str(tmp_path)] * 2)
+    assert sorted(p.split()[0] for p in printed) == [str(tmp_path), "wrote"], printed
+    assert "already holds" in min(printed)
+    assert _tree(tmp_path) == _tree(tree)
+
+
+def test_another_writers_temporary_file_is_not_in_the_way(tree, tmp_path):
+    """Guards: temporary names were shared (``<name>.tmp``): a writer met the
+    other's file there.  Here that file is a folder, which fails any write
+    over it; a stopped write (its claim left) is then done again."""
+    (tmp_path / "train" / "000000.png.tmp").mkdir(parents=True)
+    (tmp_path / CLAIM).touch()
+    assert ensure_generated(tmp_path, seed=0, **SMALL)
+    assert _tree(tmp_path) == _tree(tree)
+    assert not (tmp_path / CLAIM).exists()
+
+
+def test_a_folder_the_writer_does_not_own_is_left_alone(tmp_path, capsys):
+    """Guards: a data_root holding someone else's COCO tree had its
+    annotations/instances_train.json replaced; now no writer writes into a
+    non-empty folder without its marker, and it says what it found."""
+    theirs = tmp_path / ann_file("train")
+    theirs.parent.mkdir()
+    theirs.write_text('{"images": []}')
+    expected = (rf"{re.escape(str(tmp_path))} is not empty and has no {re.escape(MARKER)} .*"
+                r"found 'annotations'")
+    for write in (lambda: ensure_generated(tmp_path, seed=0, **SMALL),
+                  lambda: generate(tmp_path, seed=0, **SMALL)):
+        with pytest.raises(ValueError, match=expected):
+            write()
+    with pytest.raises(SystemExit):
+        cli_main(["--out", str(tmp_path), *CLI_ARGS])
+    assert "found 'annotations'" in capsys.readouterr().err
+    assert theirs.read_text() == '{"images": []}'
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["annotations"]
 
 
 def test_other_arguments_are_refused(tree):
@@ -93,3 +148,37 @@ def test_dataset_generates_on_first_use(tmp_path):
                              for k in range(len(dataset))])
     assert labels.min() >= 0 and labels.max() < len(dataset.metainfo["classes"])
     assert (tmp_path / ann_file("val")).is_file()
+
+
+def _build_train_set(root: Path):
+    init_default_scope("mmdet")
+    return DATASETS.build(dict(
+        type="SyntheticShapesDataset", data_root=str(root), ann_file=ann_file("train"),
+        data_prefix=dict(img="train/"), pipeline=[], synthetic_cfg=dict(seed=0, **SMALL)))
+
+
+def test_truncated_files_are_named_with_how_to_regenerate(tree, tmp_path):
+    """Guards: a truncated annotations file or marker gave a bare
+    JSONDecodeError, naming neither the file nor what to do."""
+    root = tmp_path / "data"
+    for damaged in (ann_file("train"), MARKER):
+        shutil.copytree(tree, root)
+        path = root / damaged
+        path.write_bytes(path.read_bytes()[:-7])
+        with pytest.raises(ValueError, match=rf"{re.escape(str(path))} is truncated or corrupt "
+                                             rf".*delete {re.escape(str(root))} and run again"):
+            _build_train_set(root)
+        shutil.rmtree(root)
+
+
+def test_missing_images_are_counted_when_the_dataset_loads(tree, tmp_path):
+    """Guards: a missing image failed only when the loader reached it, maybe
+    hours into training; now loading counts them and names the first."""
+    root = tmp_path / "data"
+    shutil.copytree(tree, root)
+    for index in (1, 4):
+        (root / "train" / f"00000{index}.png").unlink()
+    with pytest.raises(FileNotFoundError,
+                       match=r"2 of the 6 images listed in .*instances_train.json are missing, "
+                             r"the first \[.*000001.png', .*000004.png'\]: delete"):
+        _build_train_set(root)

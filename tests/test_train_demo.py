@@ -3,27 +3,19 @@ cut to two iterations and a handful of images, trains, validates with the
 COCO AP table and saves a checkpoint, which tools/test.py then evaluates;
 and an AMP config on a machine without CUDA stops with a clear message."""
 import importlib.util
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+from tool_runs import tool_env, write_tiny_demo
 
 ROOT = Path(__file__).resolve().parents[1]
 TOOLS = ROOT / "tools"
 
 # Two iterations (8 images, batch 4, one epoch), validation on 4 images.
-TINY_RUN = """
-_base_ = {base!r}
-data_root = {data_root!r}
-dataset = dict(data_root=data_root, synthetic_cfg=dict(num_train=8, num_val=4))
-train_dataloader = dict(dataset=dataset)
-val_dataloader = dict(dataset=dataset)
-test_dataloader = val_dataloader
-val_evaluator = dict(ann_file=data_root + 'annotations/instances_val.json')
-test_evaluator = val_evaluator
+ONE_EPOCH = """
 train_cfg = dict(max_epochs=1, val_interval=1)
 default_hooks = dict(logger=dict(interval=1), checkpoint=dict(interval=1))
 """
@@ -31,10 +23,7 @@ AP_TABLE = ("Average Precision  (AP) @[ IoU=0.50:0.95 | area=   all", "bbox_mAP_
 
 
 def _tool(name: str, *args: str) -> subprocess.CompletedProcess:
-    # TRITON_INTERPRET=0: CPU tensors take the PyTorch reference (the
-    # interpreter is far too slow for a model), as for a user on CPU.
-    env = dict(os.environ, TRITON_INTERPRET="0")
-    result = subprocess.run([sys.executable, str(TOOLS / name), *args], cwd=ROOT, env=env,
+    result = subprocess.run([sys.executable, str(TOOLS / name), *args], cwd=ROOT, env=tool_env(),
                             capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return result
@@ -42,9 +31,7 @@ def _tool(name: str, *args: str) -> subprocess.CompletedProcess:
 
 @pytest.mark.slow
 def test_tiny_demo_trains_evaluates_and_tests(tmp_path):
-    config = tmp_path / "tiny_run.py"
-    config.write_text(TINY_RUN.format(base=str(ROOT / "configs/synthetic/dino_tiny_cpu.py"),
-                                      data_root=f"{tmp_path}/data/"))
+    config = write_tiny_demo(tmp_path / "tiny_run.py", f"{tmp_path}/data/", 8, ONE_EPOCH)
     work_dir = tmp_path / "work"
 
     trained = _tool("train.py", str(config), "--work-dir", str(work_dir))
@@ -132,3 +119,34 @@ def test_amp_flag_leaves_a_config_that_autocasts_already(train_tool):
     cfg = train_tool.load_config(args)
     train_tool.apply_train_args(cfg, args)
     assert (cfg.optim_wrapper.type, cfg.optim_wrapper.loss_scale) == ("AmpOptimWrapper", "dynamic")
+
+
+def test_start_if_nothing_to_resume_goes_to_the_verified_hook(train_tool):
+    args = train_tool.parse_args([str(ROOT / "configs/synthetic/dino_tiny_cpu.py"), "--resume",
+                                  "--start-if-nothing-to-resume"])
+    cfg = train_tool.load_config(args)
+    train_tool.apply_train_args(cfg, args)
+    assert cfg.default_hooks.checkpoint.start_if_nothing_to_resume is True
+    assert (cfg.resume, cfg.load_from) == (True, None)
+
+
+def test_start_if_nothing_to_resume_needs_an_automatic_resume(train_tool, capsys):
+    with pytest.raises(SystemExit):
+        train_tool.parse_args([str(ROOT / "configs/dino_fp32.py"), "--resume", "x.pth",
+                               "--start-if-nothing-to-resume"])
+    assert "--start-if-nothing-to-resume goes with --resume (without CKPT)" in \
+        capsys.readouterr().err
+
+
+@pytest.mark.parametrize("checkpoint, verified", [
+    ("dict(type='CheckpointHook', interval=2)", dict(type="VerifiedCheckpointHook", interval=2)),
+    ("dict(type='MyCheckpointHook')", dict(type="MyCheckpointHook")),
+    ("None", None)])
+def test_the_tools_verify_a_plain_checkpoint_hook(train_tool, tmp_path, checkpoint, verified):
+    config = tmp_path / "config.py"
+    config.write_text(f"default_hooks = dict(checkpoint={checkpoint})\n")
+    cfg = train_tool.load_config(train_tool.parse_args([str(config)]))
+    assert cfg.default_hooks.checkpoint == verified
+    config.write_text("model = dict()\n")
+    cfg = train_tool.load_config(train_tool.parse_args([str(config)]))
+    assert cfg.default_hooks.checkpoint == dict(type="VerifiedCheckpointHook", interval=1)

@@ -3,6 +3,7 @@
     python tools/benchmark.py                      # whole matrix on cuda -> benchmarks/
     python tools/benchmark.py --out benchmarks $OUT --targets targets.json
     python tools/benchmark.py --device cpu --presets tiny --impl msda_mm,reference
+    python tools/benchmark.py --presets decoder,dino_decoder,encoder --impl msda_mm,msda_mm_det
 
 Writes <out>/<device-slug>.json, .csv and .png for each --out folder and
 prints a table.  Methods: msda_mm/bench/timing.py and cell.METHOD (copied
@@ -19,34 +20,23 @@ from pathlib import Path
 # Runs as `python tools/benchmark.py` from a checkout, installed or not.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import torch  # noqa: E402
-
-from msda_mm.bench.cell import METHOD  # noqa: E402
-from msda_mm.bench.cli import names  # noqa: E402
-from msda_mm.bench.impls import IMPLS  # noqa: E402
-from msda_mm.bench.inputs import DISTRIBUTIONS  # noqa: E402
-from msda_mm.bench.plot import plot_times  # noqa: E402
-from msda_mm.bench.presets import DEFAULT_PRESETS, PRESETS  # noqa: E402
-from msda_mm.bench.report import (console_table, device_name, environment, slug,  # noqa: E402
-                                  write_csv, write_json)
-from msda_mm.bench.run import DTYPES, Config, run_matrix  # noqa: E402
-from msda_mm.bench.targets import apply_targets, load_targets  # noqa: E402
-from msda_mm.bench.timing import autograd_floor_us, graph_floor_us  # noqa: E402
-
 _ACCUM = {"auto": None, "on": True, "off": False}
 
 
 def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--presets", type=names(PRESETS), default=DEFAULT_PRESETS,
-                   help=f"comma-separated (default: {','.join(DEFAULT_PRESETS)})")
-    p.add_argument("--dtypes", type=names(DTYPES), default=tuple(DTYPES),
-                   help="value dtypes; locations and weights are always fp32")
-    p.add_argument("--locations", type=names(DISTRIBUTIONS), default=DISTRIBUTIONS)
-    p.add_argument("--impl", type=names(IMPLS), default=IMPLS,
-                   help="mmcv: compiled mmcv's CUDA kernels; mmcv_cuda: on mmcv-lite, msda_mm's "
-                        "build of them (tools/build_mmcv_msda.py); else n/a, as for bf16")
-    p.add_argument("--device", type=torch.device, default=torch.device("cuda"),
+    p.add_argument("--presets", help="comma-separated names of msda_mm/bench/presets.py "
+                                     "(default: every preset but tiny)")
+    p.add_argument("--dtypes", help="value dtypes, of fp32,fp16,bf16 (default: all); "
+                                    "locations and weights are always fp32")
+    p.add_argument("--locations", help="sampling-location distributions, of "
+                                       "uniform,clustered (default: both)")
+    p.add_argument("--impl", help="of msda_mm,msda_mm_det,reference,mmcv,mmcv_cuda (default: "
+                                  "all); msda_mm_det: msda_mm with deterministic=True; mmcv: "
+                                  "compiled mmcv's CUDA kernels; mmcv_cuda: on mmcv-lite, "
+                                  "msda_mm's build of them (tools/build_mmcv_msda.py); else "
+                                  "n/a, as for bf16")
+    p.add_argument("--device", default="cuda",
                    help="cpu: smoke test, perf_counter wall times, no graphs or memory")
     p.add_argument("--fp32-grad-accum", choices=_ACCUM, default="auto",
                    help="msda_mm's grad_value accumulation (on: the pre-Hopper bf16 path)")
@@ -57,11 +47,37 @@ def parse_args(argv):
                    help="time each timer repeats its call for (5 to 500 repetitions)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--tiles", default="",
-                   help="extra msda_mm rows with other tiles, e.g. '2x1,1x1;4x4x8,4x4x8' "
-                        "(forward, backward: BLOCK_Q x warps [x BLOCK_P points per chunk]; "
-                        "a forward 'p8x1' is msda_fwd_pairs_kernel's; ';' between rows)")
+                   help="extra msda_mm rows (and msda_mm_det rows where --impl has it) with "
+                        "other tiles, e.g. '2x1,1x1;4x4x8,4x4x8' (forward, backward: "
+                        "BLOCK_Q x warps [x BLOCK_P points per chunk]; a forward 'p8x1' is "
+                        "msda_fwd_pairs_kernel's; ';' between rows)")
     args = p.parse_args(argv)
-    args.impl = args.impl + tuple(f"msda_mm@{t}" for t in args.tiles.split(";") if t)
+    # The names are checked against msda_mm.bench only now: --help answers
+    # before torch and msda_mm load (seconds).
+    import torch
+
+    from msda_mm.bench.cli import names
+    from msda_mm.bench.impls import IMPLS, MSDA_MM
+    from msda_mm.bench.inputs import DISTRIBUTIONS
+    from msda_mm.bench.presets import DEFAULT_PRESETS, PRESETS
+    from msda_mm.bench.run import DTYPES
+
+    for key, choices, default in (("presets", PRESETS, DEFAULT_PRESETS),
+                                  ("dtypes", DTYPES, tuple(DTYPES)),
+                                  ("locations", DISTRIBUTIONS, DISTRIBUTIONS),
+                                  ("impl", IMPLS, IMPLS)):
+        text = getattr(args, key)
+        try:
+            setattr(args, key, default if text is None else names(choices)(text))
+        except argparse.ArgumentTypeError as error:
+            p.error(f"argument --{key}: {error}")
+    try:
+        args.device = torch.device(args.device)
+    except RuntimeError as error:
+        p.error(f"argument --device: {error}")
+    families = [impl for impl in MSDA_MM if impl == "msda_mm" or impl in args.impl]
+    args.impl = args.impl + tuple(f"{impl}@{t}" for t in args.tiles.split(";") if t
+                                  for impl in families)
     if args.device.type == "cuda" and not torch.cuda.is_available():
         p.error("no CUDA device here: use --device cpu for a smoke test")
     return args
@@ -70,6 +86,14 @@ def parse_args(argv):
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parse_args(argv)
+    from msda_mm.bench.cell import METHOD
+    from msda_mm.bench.plot import plot_times
+    from msda_mm.bench.report import (console_table, device_name, environment, slug,
+                                      write_csv, write_json)
+    from msda_mm.bench.run import Config, run_matrix
+    from msda_mm.bench.targets import apply_targets, load_targets
+    from msda_mm.bench.timing import autograd_floor_us, graph_floor_us
+
     targets = load_targets(args.targets) if args.targets else {}
     config = Config(args.presets, args.locations, args.dtypes, args.impl, args.device,
                     _ACCUM[args.fp32_grad_accum], args.budget_ms, args.seed)

@@ -22,25 +22,22 @@ from pathlib import Path
 # Runs as `python tools/build_mmcv_msda.py` from a checkout, installed or not.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import mmcv  # noqa: E402
-
-from msda_mm.compat import mmcv_cuda_build  # noqa: E402
-from msda_mm.compat.mmcv_sdist import SdistError, download_sdist  # noqa: E402
+# mmcv_cuda_build.cache_root(), spelled for --help, which answers before
+# mmcv and msda_mm (torch) load.
+CACHE = "$XDG_CACHE_HOME (else ~/.cache)/msda_mm/mmcv_msda"
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--sdist", type=Path, metavar="TAR_GZ",
-                        help=f"mmcv's source distribution (mmcv-{mmcv.__version__}.tar.gz)")
+                        help="mmcv's source distribution (mmcv-<installed version>.tar.gz)")
     source.add_argument("--download", action="store_true",
-                        help=f"fetch mmcv-{mmcv.__version__}.tar.gz with pip first")
-    parser.add_argument("--download-dir", type=Path, default=mmcv_cuda_build.cache_root(),
-                        metavar="DIR",
-                        help="where --download puts the sdist (default: %(default)s)")
+                        help="fetch the installed mmcv version's sdist with pip first")
+    parser.add_argument("--download-dir", type=Path, metavar="DIR",
+                        help=f"where --download puts the sdist (default: {CACHE})")
     parser.add_argument("--build-dir", type=Path, metavar="DIR",
-                        help="build folder (default: one per mmcv, torch and GPU under "
-                             f"{mmcv_cuda_build.cache_root()})")
+                        help=f"build folder (default: one per mmcv, torch and GPU under {CACHE})")
     parser.add_argument("--force", action="store_true",
                         help="rebuild even if the folder holds a build of the same sdist")
     return parser.parse_args(argv)
@@ -48,11 +45,18 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    # Here, after the command line is read: mmcv and msda_mm take seconds.
+    import mmcv
+
+    from msda_mm.compat import mmcv_cuda_build
+    from msda_mm.compat.mmcv_sdist import SdistError, download_sdist
+
     try:
         sdist = args.sdist
         if args.download:
             print(f"Downloading mmcv {mmcv.__version__}'s sdist with pip ...", flush=True)
-            sdist = download_sdist(mmcv.__version__, args.download_dir)
+            sdist = download_sdist(mmcv.__version__,
+                                   args.download_dir or mmcv_cuda_build.cache_root())
             print(f"  {sdist}")
         print(f"Building mmcv's MSDA kernels from {sdist} (about a minute) ...", flush=True)
         start = time.perf_counter()

@@ -1,30 +1,36 @@
-"""What tools/train.py and tools/test.py share: the mmdet-style command line
-they both take, turning it into a config, and building the Runner.
+"""What the config tools (train, test, parity, profile_step) share: their
+mmdet-style command line, turning it into a config, and building the Runner.
 
-Importing msda_mm.datasets (and with it msda_mm) makes the registrations
-(TritonMSDeformAttn, SyntheticShapesDataset) and the mmcv-lite shims active
-even for a config without ``custom_imports``.
+Only the command line is read at import: torch, mmdet and msda_mm are
+imported when a Runner is built (``--help`` and a bad command line answer
+at once).  Importing msda_mm.datasets (and with it msda_mm) makes the
+registrations (TritonMSDeformAttn, SyntheticShapesDataset,
+VerifiedCheckpointHook), the mmcv-lite shims and the checkpoint allow-list
+active even for a config without ``custom_imports``.
 """
 from __future__ import annotations
 
 import argparse
 import os
 import os.path as osp
+from pathlib import Path
 
-import torch
 from mmengine.config import Config, DictAction
-from mmengine.optim import AmpOptimWrapper
-from mmengine.registry import RUNNERS
-from mmengine.runner import CheckpointLoader, Runner
 
-import msda_mm.datasets  # noqa: F401  (registrations and mmcv-lite shims)
 
-# isort: split
-from mmdet.registry import OPTIM_WRAPPERS
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer >= 1")
+    return value
 
 
 def add_common_args(parser: argparse.ArgumentParser) -> None:
-    """The arguments both tools take, spelled as mmdet's tools spell them."""
+    """The arguments train.py and test.py take, spelled as mmdet's tools spell them."""
     parser.add_argument("--work-dir", help="where logs, checkpoints and metrics go "
                         "(default: ./work_dirs/<config name>)")
     parser.add_argument(
@@ -40,9 +46,46 @@ def add_common_args(parser: argparse.ArgumentParser) -> None:
                         help=argparse.SUPPRESS)
 
 
+def add_config_args(parser: argparse.ArgumentParser, default_out: str) -> None:
+    """CONFIG, --cfg-options (as train.py takes them) and --out, for parity.py
+    and profile_step.py; ``default_out`` is a folder under ./work_dirs/<config name>/."""
+    parser.add_argument("config", help="config file")
+    parser.add_argument("--cfg-options", nargs="+", action=DictAction, metavar="KEY=VALUE",
+                        help="override config settings as tools/train.py does")
+    parser.add_argument("--out", type=Path, metavar="DIR",
+                        help=f"folder for the reports and the Runner's logs "
+                             f"(default: ./work_dirs/<config name>/{default_out})")
+    parser.set_defaults(default_out=default_out)
+
+
+def config_namespace(args: argparse.Namespace) -> argparse.Namespace:
+    """What load_config reads, from add_config_args' arguments (single
+    process; --out is the Runner's work_dir).  Fills in args.out."""
+    if not osp.isfile(args.config):
+        raise SystemExit(f"config file not found: {args.config}")
+    if args.out is None:
+        name = osp.splitext(osp.basename(args.config))[0]
+        args.out = Path("work_dirs") / name / args.default_out
+    return argparse.Namespace(config=args.config, cfg_options=args.cfg_options,
+                              work_dir=str(args.out), launcher="none", local_rank=0)
+
+
+def verify_checkpoints(cfg: Config) -> None:
+    """Save and load checkpoints through msda_mm's VerifiedCheckpointHook
+    where the config keeps mmengine's plain CheckpointHook (or the Runner's
+    default one)."""
+    if cfg.get("default_hooks") is None:
+        cfg.default_hooks = {}
+    hooks = cfg.default_hooks
+    checkpoint = hooks.get("checkpoint", dict(type="CheckpointHook", interval=1))
+    if checkpoint is not None and checkpoint.get("type") == "CheckpointHook":
+        hooks["checkpoint"] = dict(checkpoint, type="VerifiedCheckpointHook")
+
+
 def load_config(args: argparse.Namespace) -> Config:
-    """The config file with the command line applied.  work_dir: --work-dir,
-    else the config's own, else ./work_dirs/<config name>."""
+    """The config file with the command line applied and verified
+    checkpoints.  work_dir: --work-dir, else the config's own, else
+    ./work_dirs/<config name>."""
     os.environ.setdefault("LOCAL_RANK", str(args.local_rank))
     cfg = Config.fromfile(args.config)
     cfg.launcher = args.launcher
@@ -52,38 +95,29 @@ def load_config(args: argparse.Namespace) -> Config:
         cfg.work_dir = args.work_dir
     elif cfg.get("work_dir") is None:
         cfg.work_dir = osp.join("./work_dirs", osp.splitext(osp.basename(args.config))[0])
+    verify_checkpoints(cfg)
     return cfg
-
-
-def load_from_local_trusted(filename: str, map_location=None) -> dict:
-    """mmengine's local checkpoint loader with ``weights_only=False``.
-
-    torch >= 2.6 loads with ``weights_only=True`` by default, and mmengine
-    0.10's checkpoints cannot be read that way: their message hub pickles
-    HistoryBuffer objects with bound methods (``builtins.getattr``), which no
-    allow-list can admit without giving up what weights_only protects.  The
-    tools only load checkpoints their user names (--resume, load_from, the
-    test checkpoint), i.e. trusted files, as before torch 2.6.
-    """
-    filename = osp.expanduser(filename)
-    if not osp.isfile(filename):
-        raise FileNotFoundError(f"{filename} can not be found.")
-    return torch.load(filename, map_location=map_location, weights_only=False)
 
 
 def uses_amp(optim_wrapper_cfg) -> bool:
     """Whether an ``optim_wrapper`` config autocasts: mmengine's
     AmpOptimWrapper or a subclass of it (msda_mm's SelectiveAmpOptimWrapper)."""
+    import msda_mm  # noqa: F401  (registers SelectiveAmpOptimWrapper; mmcv-lite shims first)
+    from mmdet.registry import OPTIM_WRAPPERS
+    from mmengine.optim import AmpOptimWrapper
+
     wrapper = optim_wrapper_cfg.get("type", "OptimWrapper")
     if isinstance(wrapper, str):
         wrapper = OPTIM_WRAPPERS.get(wrapper)
     return isinstance(wrapper, type) and issubclass(wrapper, AmpOptimWrapper)
 
 
-def build_runner(cfg: Config) -> Runner:
-    """mmengine's Runner, or the registered one a config names in runner_type,
-    loading local checkpoints with ``load_from_local_trusted``."""
-    CheckpointLoader.register_scheme(prefixes="", loader=load_from_local_trusted, force=True)
+def build_runner(cfg: Config):
+    """mmengine's Runner, or the registered one a config names in runner_type."""
+    import msda_mm.datasets  # noqa: F401  (registrations, mmcv-lite shims, allow-list)
+    from mmengine.registry import RUNNERS
+    from mmengine.runner import Runner
+
     if "runner_type" in cfg:
         return RUNNERS.build(cfg)
     return Runner.from_cfg(cfg)

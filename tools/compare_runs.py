@@ -16,9 +16,6 @@ import argparse
 import json
 from pathlib import Path
 
-from msda_mm.e2e.plot import plot_loss_curves
-from msda_mm.e2e.runs import COCO_KEYS, compare, summarize
-
 
 def named_dir(text: str) -> tuple[str, Path]:
     """argparse type: NAME=WORK_DIR."""
@@ -45,9 +42,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def _row(name: str, run: dict) -> str:
+def _row(name: str, run: dict, ap_keys) -> str:
     last = (run["evals"] or [{}])[-1]
-    ap = " ".join(f"{last.get(k, float('nan')):5.1f}" for k in COCO_KEYS[:2])
+    ap = " ".join(f"{last.get(k, float('nan')):5.1f}" for k in ap_keys)
     windows = run["loss_windows"]
     return (f"{name:<16} {run['iters']:>6} {run['s_per_iter']:>8.3f} {run['memory_mib']:>7} "
             f"{windows[-1]['loss']:>9.3f}  {ap}  (epoch {last.get('epoch')})")
@@ -55,6 +52,10 @@ def _row(name: str, run: dict) -> str:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    # Here, after the command line is read: msda_mm (and with it torch) takes seconds.
+    from msda_mm.e2e.plot import plot_loss_curves
+    from msda_mm.e2e.runs import COCO_KEYS, compare, summarize
+
     try:
         runs = {name: summarize(path, args.window) for name, path in args.runs}
     except (OSError, ValueError) as error:
@@ -68,8 +69,8 @@ def main(argv=None) -> int:
     plot_loss_curves(
         {name: ([r[0] for r in run["loss_records"]], [r[1] for r in run["loss_records"]])
          for name, run in runs.items()},
-        {name: ([w["iters"][1] for w in c["loss_rel_diff"]], [w["rel_diff"] for w in c["loss_rel_diff"]])
-         for name, c in comparisons.items()},
+        {name: ([w["iters"][1] for w in c["loss_rel_diff"]],
+                [w["rel_diff"] for w in c["loss_rel_diff"]]) for name, c in comparisons.items()},
         base_name, args.out / "runs_loss.png", args.title)
 
     # iters: the last logged iteration (mmengine logs every logger.interval).
@@ -77,7 +78,7 @@ def main(argv=None) -> int:
           f"{'AP':>5} {'AP50':>5}  (iters: last logged; loss: last {args.window}-iteration "
           "window)")
     for name, run in runs.items():
-        print(_row(name, run))
+        print(_row(name, run, COCO_KEYS[:2]))
     for name, c in comparisons.items():
         worst = c["max_abs_loss_rel_diff"]
         print(f"{name} vs {base_name}: AP delta {c['ap_delta'].get('bbox_mAP')} points, "

@@ -35,7 +35,7 @@ def main(argv=None) -> None:
     runner = build_runner(cfg)
     if args.out is not None:
         # Here, not at the top: mmdet.evaluation imports mmcv.ops, which
-        # needs the shims that importing common (msda_mm) installs first.
+        # needs the shims that build_runner (importing msda_mm) installs first.
         from mmdet.evaluation import DumpDetResults
         runner.test_evaluator.metrics.append(DumpDetResults(out_file_path=args.out))
     runner.test()

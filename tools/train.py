@@ -1,12 +1,13 @@
 """Train a detector: ``python tools/train.py CONFIG [--work-dir DIR]
 [--cfg-options k=v ...] [--amp] [--auto-scale-lr] [--resume [CKPT]]
-[--launcher {none,pytorch,slurm,mpi}]`` -- mmdet's tools/train.py command
-line, run by mmengine's Runner.  Multi-GPU: tools/dist_train.sh."""
+[--start-if-nothing-to-resume] [--launcher {none,pytorch,slurm,mpi}]`` --
+mmdet's tools/train.py command line, run by mmengine's Runner, with
+checkpoints saved and resumed through msda_mm's VerifiedCheckpointHook.
+Multi-GPU: tools/dist_train.sh."""
 from __future__ import annotations
 
 import argparse
 
-import torch
 from common import add_common_args, build_runner, load_config, uses_amp
 
 # AmpOptimWrapper's (and SelectiveAmpOptimWrapper's) own arguments, which
@@ -25,9 +26,15 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="scale the LR by the actual over the config's "
                              "auto_scale_lr.base_batch_size")
     parser.add_argument("--resume", nargs="?", const="auto",
-                        help="resume from CKPT, or without CKPT from the latest "
-                             "checkpoint in the work dir")
-    return parser.parse_args(argv)
+                        help="resume from CKPT, or without CKPT from the newest whole "
+                             "checkpoint in the work dir (stops if there is none)")
+    parser.add_argument("--start-if-nothing-to-resume", action="store_true",
+                        help="with --resume: where the work dir has no checkpoint, start "
+                             "from scratch (with a warning) instead of stopping")
+    args = parser.parse_args(argv)
+    if args.start_if_nothing_to_resume and args.resume != "auto":
+        parser.error("--start-if-nothing-to-resume goes with --resume (without CKPT)")
+    return args
 
 
 def apply_train_args(cfg, args: argparse.Namespace) -> None:
@@ -44,6 +51,12 @@ def apply_train_args(cfg, args: argparse.Namespace) -> None:
         cfg.resume, cfg.load_from = True, None
     elif args.resume is not None:
         cfg.resume, cfg.load_from = True, args.resume
+    if args.start_if_nothing_to_resume:
+        checkpoint = cfg.default_hooks.get("checkpoint") or {}
+        if checkpoint.get("type") != "VerifiedCheckpointHook":
+            raise SystemExit("--start-if-nothing-to-resume needs VerifiedCheckpointHook as "
+                             "default_hooks.checkpoint, got " + repr(checkpoint.get("type")))
+        checkpoint["start_if_nothing_to_resume"] = True
 
 
 def check_precision(cfg, config_path: str) -> None:
@@ -51,6 +64,8 @@ def check_precision(cfg, config_path: str) -> None:
     AmpOptimWrapper's bare assertion deep inside the Runner; and let
     ``--cfg-options optim_wrapper.type=OptimWrapper`` turn an AMP config
     into fp32 by dropping the AMP-only arguments it leaves behind."""
+    import torch
+
     wrapper = cfg.get("optim_wrapper", {})
     if wrapper.get("type") == "OptimWrapper":
         for key in _AMP_ONLY_ARGS:

@@ -60,7 +60,7 @@ train_cfg = dict(max_epochs=max_epochs, val_interval=3)
 # stalled on a plateau (AP < 1) or left it late in 1 of 5 fp32 and 3 of 4
 # bf16 AMP runs (16 images a step, learning by step 500 or not);
 # with it, all four runs of two seeds learned, bf16 AMP 80.8 / 81.7 AP
-# against fp32 81.4 / 80.2 (benchmarks/e2e/ap_b16/warmup200_s9).
+# against fp32 81.4 / 80.2 (benchmarks/e2e/ap_warmup200).
 param_scheduler = [
     dict(type='MultiStepLR', begin=0, end=max_epochs, by_epoch=True, milestones=[5],
          gamma=0.1),

@@ -36,7 +36,9 @@ param_scheduler = [
     dict(type='MultiStepLR', begin=0, end=max_epochs, by_epoch=True, milestones=[max_epochs],
          gamma=0.1)
 ]
-default_hooks = dict(logger=dict(interval=10), checkpoint=dict(interval=max_epochs))
+# A checkpoint every epoch, the last 3 kept: a stopped run loses at most an
+# epoch and resumes with tools/train.py --resume (checked before loading).
+default_hooks = dict(logger=dict(interval=10), checkpoint=dict(interval=1, max_keep_ckpts=3))
 auto_scale_lr = dict(base_batch_size=4)
 # A fixed seed, so that the demo's AP table is the same from run to run.
 randomness = dict(seed=0)

@@ -1,4 +1,4 @@
-"""Command-line pieces that tools/benchmark.py and tools/gather_ceiling.py share."""
+"""Command-line pieces that tools/benchmark.py and research/gather_ceiling.py share."""
 from __future__ import annotations
 
 import argparse

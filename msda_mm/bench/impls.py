@@ -21,7 +21,9 @@ from msda_mm.ops import msda_reference, multi_scale_deformable_attention
 
 from .inputs import MSDAInputs
 
-IMPLS = ("msda_mm", "reference", "mmcv", "mmcv_cuda")
+# msda_mm_det: msda_mm with deterministic=True (int64 fixed-point grad_value).
+IMPLS = ("msda_mm", "msda_mm_det", "reference", "mmcv", "mmcv_cuda")
+MSDA_MM = ("msda_mm", "msda_mm_det")
 _MMCV_IMPLS = ("mmcv", "mmcv_cuda")
 
 MSDAFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -61,7 +63,7 @@ def tiled(impl: str) -> tuple[str, dict]:
     with forward tile BLOCK_Q=16/4 warps (msda_fwd_kernel) and backward
     BLOCK_Q=32/8 warps/BLOCK_P=8 (points per chunk; default 16).  A forward
     written ``p8x1`` is msda_fwd_pairs_kernel's BLOCK_Q x warps instead
-    (where the call can take it)."""
+    (where the call can take it).  msda_mm_det takes tiles the same way."""
     base, _, spec = impl.partition("@")
     if not spec:
         return base, {}
@@ -107,9 +109,11 @@ def bind(impl: str, inputs: MSDAInputs, fp32_grad_accum: Optional[bool] = None) 
     """``impl`` with the level shapes of ``inputs`` fixed; fp32_grad_accum only
     applies to msda_mm (None: its automatic choice)."""
     shapes, starts = inputs.spatial_shapes, inputs.level_start_index
-    if impl == "msda_mm":
+    if impl in MSDA_MM:
+        deterministic = True if impl == "msda_mm_det" else None
         return lambda v, loc, attn: multi_scale_deformable_attention(
-            v, shapes, starts, loc, attn, fp32_grad_accum=fp32_grad_accum)
+            v, shapes, starts, loc, attn, fp32_grad_accum=fp32_grad_accum,
+            deterministic=deterministic)
     if impl == "reference":
         # Host copies of the shapes: the reference reads them as Python ints,
         # which on CUDA tensors would synchronise on every call and make the

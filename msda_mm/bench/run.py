@@ -65,7 +65,7 @@ def _cell(cfg: Config, preset: Preset, dist: str, dtype_name: str, impl: str,
         record.update(status="n/a", note=why_not)
         return record
     try:
-        if impl == "msda_mm":
+        if impl == "msda_mm":  # msda_mm_det sums grad_value in int64 instead
             record["fp32_grad_accum"] = resolve_fp32_grad_accum(inputs.value,
                                                                 cfg.fp32_grad_accum)
         fn = bind(impl, inputs, cfg.fp32_grad_accum)

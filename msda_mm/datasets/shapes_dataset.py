@@ -2,6 +2,8 @@
 that writes itself under ``data_root`` on first use."""
 from __future__ import annotations
 
+import json
+import os
 import time
 from pathlib import Path
 
@@ -29,6 +31,9 @@ class SyntheticShapesDataset(CocoDataset):
             of processes); if it holds one made with other arguments,
             building the dataset fails rather than train on other data.
         Other arguments as ``CocoDataset``; ``data_root`` is required.
+
+    Loading fails with the file named, and how to regenerate the tree, if
+    the annotations are truncated or corrupt or listed images are missing.
     """
 
     METAINFO = dict(classes=CLASSES, palette=PALETTE)
@@ -50,4 +55,16 @@ class SyntheticShapesDataset(CocoDataset):
         if ensure_generated(self.data_root, **self.synthetic_cfg):
             print_log(f"Synthetic shapes data written in {time.perf_counter() - start:.1f}s",
                       logger="current")
-        return super().load_data_list()
+        regenerate = f"delete {self.data_root} and run again to regenerate the synthetic data"
+        try:
+            data_list = super().load_data_list()
+        except json.JSONDecodeError as error:
+            raise ValueError(f"{self.ann_file} is truncated or corrupt ({error}): "
+                             f"{regenerate}") from error
+        # Here rather than when the loader reaches an image: a few us a file.
+        missing = [d["img_path"] for d in data_list if not os.path.isfile(d["img_path"])]
+        if missing:
+            raise FileNotFoundError(f"{len(missing)} of the {len(data_list)} images listed in "
+                                    f"{self.ann_file} are missing, the first {missing[:3]}: "
+                                    f"{regenerate}")
+        return data_list

@@ -2,16 +2,15 @@
 ``fp32_compute``: does running the op on bf16 values change what a step
 learns, beyond the op's own run-to-run noise?
 
-The question came from session 5's runs in benchmarks/e2e/ap_b16 (bf16 AMP
-trainings with the op on bf16 values lagged far behind those with it
-computing in fp32; more seeds in session 6 showed the lag with the op in
-fp32 too), while the kernels agree on the same values
+The question comes from the runs in benchmarks/e2e/ap_no_warmup (bf16 AMP
+trainings without an LR warmup lagged fp32 at random, with the op on bf16
+values and computing in fp32 alike), while the kernels agree on the same values
 (tests/ops/test_msda_bf16_matches_fp32.py).
 Four backward passes of one batch from the same weights and random state
 answer it for a real model and batch, each TritonMSDeformAttn set as
 follows: as configured, twice (on CUDA its atomics add in a different order
 each time: the noise floor); with ``fp32_grad_accum=True`` (on an H200 the
-configured bf16 path rounds grad_value in bf16 atomics, which session 5
+configured bf16 path rounds grad_value in bf16 atomics, which those runs
 ruled out as the cause: this pass takes them out); and with
 ``fp32_compute=True``.  Compared per parameter: the floor, configured
 against fp32_compute, and fp32_grad_accum against fp32_compute (the op on
@@ -19,7 +18,7 @@ bf16 against fp32 values, both accumulating in fp32: equal up to the order
 of fp32 sums if the kernels are).
 
 What the floor does not cover: at two bf16 runs' epoch-4 checkpoints on the
-H200 (benchmarks/e2e/ap_b16) the configured passes gave bit-identical losses
+H200 (benchmarks/e2e/ap_no_warmup) the configured passes gave bit-identical losses
 while fp32_compute moved the loss by 0.09 and 0.97 and the gradients by a
 median 39-51% (floor 0.3%), although every op call of one batch agreed
 with the fp32 kernels to half a bf16 unit (at initial weights; not checked

@@ -2,15 +2,14 @@
 PyTorch's sync debug mode.
 
 torch.profiler's traces gave none of the host's waits a Python frame on the
-H200 (torch 2.11; benchmarks/e2e/README.md, sessions 3-5: "(no Python
-frame)" for all 136 a step).  ``torch.cuda.set_sync_debug_mode("warn")``
-instead has every synchronising call (``item()``, ``nonzero``, blocking
-copies) warn while it runs, so a warning hook can read the Python stack at
-that moment.  Waits in the backward of PyTorch's own (C++) autograd
-nodes are buffered on the autograd engine's thread and replayed when
-``backward`` returns, so they all come out at the frame that called it
-(mmengine's optimizer wrapper); those in a Python ``autograd.Function``'s
-backward warn at once, at that function's frames.
+H200 (torch 2.11: "(no Python frame)" for all 136 waits a step).
+``torch.cuda.set_sync_debug_mode("warn")`` instead has every synchronising
+call (``item()``, ``nonzero``, blocking copies) warn while it runs, so a
+warning hook can read the Python stack at that moment. Waits in the backward
+of PyTorch's own (C++) autograd nodes are buffered on the autograd engine's
+thread and replayed when ``backward`` returns, so they all come out at the
+frame that called it (mmengine's optimizer wrapper); those in a Python
+``autograd.Function``'s backward warn at once, at that function's frames.
 """
 from __future__ import annotations
 

@@ -1,8 +1,16 @@
-"""Training-loop pieces for mmengine; importing registers them in mmdet's registries."""
+"""Training-loop pieces for mmengine; importing registers them in mmdet's
+registries, and lets torch's weights-only loading read mmengine's checkpoints."""
+from .checkpoint_allowlist import allow_mmengine_checkpoints
+from .checkpoint_integrity import DamagedCheckpointError, checkpoint_problem
 from .compile_submodules_hook import CompileSubmodulesHook, compile_submodules
 from .fp32_modules import keep_fp32
 from .merged_groups_constructor import MergedGroupsOptimWrapperConstructor
 from .selective_amp_optim_wrapper import SelectiveAmpOptimWrapper
+from .verified_backend import VerifiedLocalBackend
+from .verified_checkpoint_hook import VerifiedCheckpointHook
 
-__all__ = ["CompileSubmodulesHook", "MergedGroupsOptimWrapperConstructor",
-           "SelectiveAmpOptimWrapper", "compile_submodules", "keep_fp32"]
+allow_mmengine_checkpoints()
+
+__all__ = ["CompileSubmodulesHook", "DamagedCheckpointError", "MergedGroupsOptimWrapperConstructor",
+           "SelectiveAmpOptimWrapper", "VerifiedCheckpointHook", "VerifiedLocalBackend",
+           "checkpoint_problem", "compile_submodules", "keep_fp32"]

@@ -20,13 +20,12 @@ numbers, so scipy returns the same matches, ties included.  The denoising
 targets (not matched: each GT's noised copies, group by group) are built
 for the whole batch at once too, without a wait (mmdet's wait twice per
 image and decoder layer: 96 a step for DINO at batch 8, measured on the
-H200, benchmarks/e2e/fast_host/coco_b8_bf16_fast_s6.md; gone in
-coco_b8_bf16_fast_s7: 406 -> 310 waits a step), and are mmdet's bit for
+H200; without them 406 -> 310 waits a step, docs/training.md), and are mmdet's bit for
 bit as well.  The losses of both parts are mmdet's computation on the same
 numbers, with the loss normalisers built on the host and the per-image
 size factors in one non-blocking copy: 4 + B waits fewer per output (B
 images), where mmdet waits once per image for its factor (104 a step at
-batch 8, the largest frames left in coco_b8_bf16_fast_s7) and twice for
+batch 8, the largest frames left after the matching's cut) and twice for
 each of the two normalisers.
 """
 from __future__ import annotations

@@ -11,6 +11,8 @@ It subclasses mmcv's class and replaces only ``forward``, which is why:
 """
 from __future__ import annotations
 
+import inspect
+from numbers import Integral
 from typing import Optional
 
 import torch
@@ -24,6 +26,33 @@ from mmcv.ops import MultiScaleDeformableAttention
 from mmdet.registry import MODELS
 
 from ..ops import multi_scale_deformable_attention
+from ..ops.validate import check_optional_bool
+
+
+def _mmcv_arguments(args: tuple, kwargs: dict) -> dict:
+    """Every argument of mmcv's constructor by name, defaults filled in."""
+    bound = inspect.signature(MultiScaleDeformableAttention.__init__).bind(None, *args, **kwargs)
+    bound.apply_defaults()
+    return bound.arguments
+
+
+def _check_sizes(embed_dims, num_heads, num_levels, num_points, value_proj_ratio,
+                 **_) -> None:
+    """TypeError/ValueError naming the size argument that cannot build the
+    module (mmcv's own constructor fails on num_heads=0 with a
+    ZeroDivisionError, on num_levels=0 in init_weights, naming neither)."""
+    sizes = dict(embed_dims=embed_dims, num_heads=num_heads, num_levels=num_levels,
+                 num_points=num_points)
+    for name, size in sizes.items():
+        if isinstance(size, bool) or not isinstance(size, Integral):
+            raise TypeError(f"{name} must be an int, got {size!r}")
+        if size < 1:
+            raise ValueError(f"{name} must be at least 1, got {size}")
+    value_dims = int(embed_dims * value_proj_ratio)
+    for name, dims in (("embed_dims", embed_dims), ("embed_dims * value_proj_ratio", value_dims)):
+        if dims % num_heads or dims < 1:
+            raise ValueError(f"{name} = {dims} must be a positive multiple of num_heads = "
+                             f"{num_heads}")
 
 
 def _location_dtype(reference_points: Tensor) -> torch.dtype:
@@ -43,7 +72,10 @@ class TritonMSDeformAttn(MultiScaleDeformableAttention):
     dropout, batch_first, norm_cfg, init_cfg, value_proj_ratio; and
     fp32_grad_accum, the op's choice of grad_value accumulation (None: per
     device; True/False force fp32 scratch or native atomics), so a config
-    can run the pre-Hopper bf16 path on an H100/H200; and fp32_compute:
+    can run the pre-Hopper bf16 path on an H100/H200; deterministic, the
+    op's choice of a bitwise-reproducible backward (None: follow
+    ``torch.use_deterministic_algorithms``; True: always, int64 fixed-point
+    grad_value; False: float atomics, docs/determinism.md); and fp32_compute:
     run the op on an fp32 copy of the projected value (its output and
     grad_value fp32 too; locations and weights are fp32 anyway), as mmcv's
     ``grid_sample`` path does under autocast, at the fp32 kernels' cost
@@ -52,12 +84,12 @@ class TritonMSDeformAttn(MultiScaleDeformableAttention):
     autocast rounds it there anyway and in a half model takes half.
     fp32_compute does not make bf16 training more reliable: bf16 DINO
     trainings from scratch without an LR warmup lagged fp32 at random with the op on bf16 values
-    or in fp32 alike (benchmarks/e2e/ap_b16: AP 3.6 with fp32_compute, seed
+    or in fp32 alike (benchmarks/e2e/ap_no_warmup: AP 3.6 with fp32_compute, seed
     1; 86.5 on bf16 values, seed 3; fp32 83.7-86.8), as they must if the
     bf16 and fp32 kernels compute the same on the same values
     (tests/ops/test_msda_bf16_matches_fp32.py, which holds on the H200 at
-    those shapes).  Both are plain attributes: state_dict and checkpoints
-    are unchanged.
+    those shapes).  All three are plain attributes: state_dict and
+    checkpoints are unchanged.
 
     Forward does no host synchronisation: mmcv's check that spatial_shapes
     cover the value sequence (a device-to-host read) is left to the op, which
@@ -77,14 +109,19 @@ class TritonMSDeformAttn(MultiScaleDeformableAttention):
     # (msda_mm.e2e.attention.use_op), which never ran this __init__.
     fp32_grad_accum: Optional[bool] = None
     fp32_compute: bool = False
+    deterministic: Optional[bool] = None
 
     def __init__(self, *args, fp32_grad_accum: Optional[bool] = None,
-                 fp32_compute: bool = False, **kwargs):
+                 fp32_compute: bool = False, deterministic: Optional[bool] = None, **kwargs):
         if not isinstance(fp32_compute, bool):
             raise TypeError(f"fp32_compute must be True or False, got {fp32_compute!r}")
+        fp32_grad_accum = check_optional_bool("fp32_grad_accum", fp32_grad_accum)
+        deterministic = check_optional_bool("deterministic", deterministic)
+        _check_sizes(**_mmcv_arguments(args, kwargs))
         super().__init__(*args, **kwargs)
         self.fp32_grad_accum = fp32_grad_accum
         self.fp32_compute = fp32_compute
+        self.deterministic = deterministic
 
     @deprecated_api_warning({"residual": "identity"}, cls_name="TritonMSDeformAttn")
     def forward(self,
@@ -137,7 +174,8 @@ class TritonMSDeformAttn(MultiScaleDeformableAttention):
         locations, logits = self._sampling_points(query, reference_points, spatial_shapes)
         output = multi_scale_deformable_attention(value, spatial_shapes, level_start_index,
                                                   locations, logits, softmax=True,
-                                                  fp32_grad_accum=self.fp32_grad_accum)
+                                                  fp32_grad_accum=self.fp32_grad_accum,
+                                                  deterministic=self.deterministic)
         output = self.output_proj(output.to(projected_dtype))
         if not self.batch_first:
             output = output.transpose(0, 1)

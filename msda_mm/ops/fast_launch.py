@@ -4,8 +4,7 @@
 (the backward's 45 arguments: 23 ``native_specialize_impl`` calls, a cache
 key, a check of the kernel's globals) before it reaches the compiled
 kernel's launcher: on the H200 box that was about half of each launcher's
-host time (cProfile, benchmarks/nvidia-h200-host-breakdown-s9.log and
-nvidia-h200-host-thread-s10.log).  ``FastLaunch`` keeps the compiled kernel
+host time (cProfile; docs/design.md).  ``FastLaunch`` keeps the compiled kernel
 that a first, ordinary launch returns, under a key that holds everything
 Triton specialises on (each tensor's dtype and 16-byte alignment, the exact
 value of every other argument, the constexprs and options, the device), and

@@ -10,11 +10,19 @@ of D values, so the gathers (forward) and the scattered atomic adds
 a chunk are independent, so all their loads are in flight at once.  (The
 first version looped over the L * K points one at a time, each a
 location load followed by a dependent corner gather: on the H200 the
-decoder forward was latency-bound at 22 us; benchmarks/NOTES.md.)
+decoder forward was latency-bound at 22 us; docs/design.md.)
 
 Locations and weights are read in whatever float dtype they come in and all
 arithmetic is in ACC (fp32, or fp64 when an input is fp64, which gradcheck
 needs); only the stores round.
+
+Deterministic backward (bound_ptr given): grad_value is summed in int64
+fixed point, whose addition is associative, so the order of the atomics no
+longer matters.  Each term c * go is scaled by 2**e, a power of two per
+(batch, head) taken on the device from a bound on the head's partial sums
+(launch.grad_value_bound: bound * 2**e < 2**61, so no sum reaches int64's
+2**63), and truncated to an integer; fixed_to_float_kernel scales the sums
+back by 2**-e.
 
 Offsets into value/grad_value/output are int64 so tensors past 2**31
 elements work.  Level shapes and start offsets are read on the device: no
@@ -347,9 +355,54 @@ def msda_fwd_pairs_kernel(
 
 
 @triton.jit
+def _pow2(e, ACC: tl.constexpr):
+    """2**e in ACC (fp32 or fp64), built from its bits: e (int) must lie in
+    ACC's normal range."""
+    if ACC == tl.float64:
+        return ((e.to(tl.int64) + 1023) << 52).to(tl.float64, bitcast=True)
+    else:
+        return ((e.to(tl.int32) + 127) << 23).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _fixed_point_exponent(bound_ptr, b, m, ACC: tl.constexpr):
+    """Head (b, m)'s fixed-point exponent e and whether it has one: bound_ptr
+    is a (B, M) float64 bound on |every partial sum| of grad_value[b, :, m, :]
+    (grid dim 1 is M).  e is the largest with bound * 2**e < 2**61, capped at
+    2 * (BIAS - 1): the scale is applied as two factors 2**(e // 2) and
+    2**(e - e // 2), each with a normal inverse, so that a bound as small as
+    ACC's subnormals still gets 61 bits.  ok is False, and e 0, where the
+    bound is inf, NaN or 2**BIAS or more (a term or the result could
+    overflow ACC): that head's grad_value is NaN."""
+    BIAS: tl.constexpr = 1023 if ACC == tl.float64 else 127
+    # The sums then stay under 2**62 while the bound is less than 2x short
+    # (its fp32 weight sums and the terms' roundings: ~L*K*2**-24), clear of
+    # int64's 2**63.
+    BITS: tl.constexpr = 61
+    bound = tl.load(_head_base(bound_ptr, b, m, tl.num_programs(1), 1))
+    # The exponent field: bound < 2**ex for every bound >= 0 (0 and subnormals
+    # get ex = -1022, inf and NaN 1025).
+    ex = ((bound.to(tl.int64, bitcast=True) >> 52) & 2047) - 1022
+    ok = ex <= BIAS
+    return tl.where(ok, tl.minimum(BITS - ex, 2 * BIAS - 2), 0), ok
+
+
+@triton.jit
+def _grad_value_terms(c, go, e, gv_ty: tl.constexpr, ACC: tl.constexpr):
+    """What grad_value's atomics add: c * go rounded to gv_ty, or in fixed
+    point (gv_ty int64) c * go * 2**e truncated to an integer, 2**e applied
+    as two factors (see _fixed_point_exponent), both exact."""
+    if gv_ty == tl.int64:
+        half = e >> 1
+        return (c * go * _pow2(half, ACC) * _pow2(e - half, ACC)).to(tl.int64)
+    else:
+        return (c * go).to(gv_ty)
+
+
+@triton.jit
 def msda_bwd_kernel(
     grad_out_ptr, value_ptr, shapes_ptr, starts_ptr, loc_ptr, attn_ptr,
-    grad_value_ptr, grad_loc_ptr, grad_attn_ptr,
+    grad_value_ptr, grad_loc_ptr, grad_attn_ptr, bound_ptr,
     Q, S, D: tl.constexpr,
     stride_gob, stride_goq, stride_gom, stride_god,
     stride_vb, stride_vs, stride_vm, stride_vd,
@@ -368,6 +421,11 @@ def msda_bwd_kernel(
     value's own, or fp32 scratch); grad_loc (B, Q, M, L, K, 2) and
     grad_attn (B, Q, M, L, K) are written once per element.
 
+    bound_ptr None: grad_value in a float dtype, atomically added as such.
+    bound_ptr a (B, M) float64 bound (see _fixed_point_exponent): grad_value
+    int64, summed in fixed point (the deterministic backward); a head
+    without a fixed point (ok False) adds zeros.
+
     PDL (sm_90+, launched with launch_pdl right after grad_value's fill:
     zero_fill_kernel, or PyTorch's fill for fp32): the gathers and the
     grad_loc / grad_attn stores may run while grad_value is still being
@@ -382,6 +440,11 @@ def msda_bwd_kernel(
     v_base = _head_base(value_ptr, b, m, stride_vb, stride_vm)
     gv_base = _head_base(grad_value_ptr, b, m, stride_gvb, stride_gvm)
     gv_ty = grad_value_ptr.dtype.element_ty
+    e = None
+    go_gv = go
+    if bound_ptr is not None:
+        e, ok = _fixed_point_exponent(bound_ptr, b, m, ACC)
+        go_gv = tl.where(ok, go, 0.0)
     for p0 in range(0, L * K, BLOCK_P):
         w, lx, ly, i00, m00, m01, m10, m11, W, H, live, l, k = _sample_chunk(
             p0, b, m, q, qmask, shapes_ptr, starts_ptr, loc_ptr, attn_ptr, S,
@@ -408,17 +471,55 @@ def msda_bwd_kernel(
                              stride_gal, stride_gak),
                  g_attn.to(grad_attn_ptr.dtype.element_ty), mask=live)
 
+        if bound_ptr is not None:
+            w = tl.where(ok, w, 0.0)
         c00, c01, c10, c11 = _corner_weights(w, lx, ly)
         g00, g10 = _corner_rows(gv_base, i00, W, stride_gvs, offs_d, 1)
         if PDL:
             # grad_value's zeros (the kernel before this one) must be in place.
             gdc_wait()
-        tl.atomic_add(g00, (c00 * go).to(gv_ty), mask=m00[:, :, None] & dm, sem="relaxed")
-        tl.atomic_add(g00 + stride_gvs, (c01 * go).to(gv_ty), mask=m01[:, :, None] & dm,
-                      sem="relaxed")
-        tl.atomic_add(g10, (c10 * go).to(gv_ty), mask=m10[:, :, None] & dm, sem="relaxed")
-        tl.atomic_add(g10 + stride_gvs, (c11 * go).to(gv_ty), mask=m11[:, :, None] & dm,
-                      sem="relaxed")
+        tl.atomic_add(g00, _grad_value_terms(c00, go_gv, e, gv_ty, ACC),
+                      mask=m00[:, :, None] & dm, sem="relaxed")
+        tl.atomic_add(g00 + stride_gvs, _grad_value_terms(c01, go_gv, e, gv_ty, ACC),
+                      mask=m01[:, :, None] & dm, sem="relaxed")
+        tl.atomic_add(g10, _grad_value_terms(c10, go_gv, e, gv_ty, ACC),
+                      mask=m10[:, :, None] & dm, sem="relaxed")
+        tl.atomic_add(g10 + stride_gvs, _grad_value_terms(c11, go_gv, e, gv_ty, ACC),
+                      mask=m11[:, :, None] & dm, sem="relaxed")
+
+
+@triton.jit
+def _round_to(x, ty: tl.constexpr):
+    """x (fp32 or fp64) rounded to the nearest ty, ties to even.  bf16 from
+    fp32 bits, where the interpreter would truncate (a plain .to() there drops
+    the low 16 bits; compiled, both are the same round to nearest)."""
+    if ty == tl.bfloat16:
+        bits = x.to(tl.float32).to(tl.int32, bitcast=True)
+        bits += 0x7FFF + ((bits >> 16) & 1)
+        return (bits >> 16).to(tl.int16).to(tl.bfloat16, bitcast=True)
+    else:
+        return x.to(ty)
+
+
+@triton.jit
+def fixed_to_float_kernel(acc_ptr, bound_ptr, out_ptr, S, D: tl.constexpr,
+                          stride_b, stride_s, stride_m,
+                          BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, ACC: tl.constexpr):
+    """out = acc * 2**-e, rounded to out's dtype: msda_bwd_kernel's int64
+    fixed-point grad_value (B, S, M, D) back to a float, NaN in the heads
+    without a fixed point.  acc and out share their strides (unit channel
+    stride).  Grid: (cdiv(S, BLOCK_S), M, B)."""
+    b, m, s, smask, offs_d, dmask = _program_tile(S, D, BLOCK_S, BLOCK_D)
+    e, ok = _fixed_point_exponent(bound_ptr, b, m, ACC)
+    half = e >> 1
+    mask = smask[:, None] & dmask[None, :]
+    acc = tl.load(_row_ptrs(_head_base(acc_ptr, b, m, stride_b, stride_m), s, stride_s,
+                            offs_d, 1), mask=mask, other=0)
+    # Two factors, as in _grad_value_terms: exact, so that only the int64 -> ACC
+    # conversion rounds (and a subnormal result).
+    out = acc.to(ACC) * _pow2(-half, ACC) * _pow2(half - e, ACC)
+    tl.store(_row_ptrs(_head_base(out_ptr, b, m, stride_b, stride_m), s, stride_s, offs_d, 1),
+             _round_to(tl.where(ok, out, float("nan")), out_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit

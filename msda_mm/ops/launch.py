@@ -18,6 +18,7 @@ msda_fwd_kernel = FastLaunch(kernels.msda_fwd_kernel)
 msda_fwd_pairs_kernel = FastLaunch(kernels.msda_fwd_pairs_kernel)
 msda_bwd_kernel = FastLaunch(kernels.msda_bwd_kernel)
 zero_fill_kernel = FastLaunch(kernels.zero_fill_kernel)
+fixed_to_float_kernel = FastLaunch(kernels.fixed_to_float_kernel)
 
 
 def interpreter_enabled() -> bool:
@@ -25,49 +26,15 @@ def interpreter_enabled() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
-# (BLOCK_Q, num_warps, BLOCK_P) per kernel and value element size, tuned at
-# D = 32 (mmdet's 256 / 8 heads) and L * K = 16; a larger D shrinks BLOCK_Q
-# to keep the registers per program (see _tile).  Chosen from 13 tiles on
-# the H200 (benchmarks/NOTES.md, cold-L2 graph replays, us, decoder /
-# dino_decoder / encoder presets):
-# - one warp per program wins everywhere; more warps lose most in the
-#   forward (bf16, 4 queries x 4 warps: 27.6 / 61.2 / 570), for reasons not
-#   yet measured (layout conversions are not it: NOTES.md).
-# - forward 2 queries x 16 points: bf16 16.9 / 30.8 / 209, fp32 19.6 / 35.5
-#   / 250 (1 query: 17.0 / 31.0 / 265; 4 queries x 8 points: 19.7 / 32.8 /
-#   199 in bf16, the only tile better on one preset).
-# - backward 1 query: bf16 46.3 / 82.2 / 563 with 16 points (2 queries: 52.5
-#   / 93.8 / 607); fp32 69.9 / 128 / 855 with 8 points per chunk (16: 73.2 /
-#   132 / 872).
-# Re-measured after the kernels lost their integer divisions and int64
-# indices (session 3, benchmarks/NOTES.md): forward bf16 2 x 1 x 16 16.5 /
-# 27.8 / 179, fp32 20.5 / 37.8 / 242; backward bf16 1 x 1 x 16 45.7 / 81.3 /
-# 560.
+# (BLOCK_Q, num_warps, BLOCK_P) per kernel and value element size at D = 32 and
+# L * K = 16 (wider heads: _tile): the fastest of 13 one- and multi-warp tiles (docs/design.md).
 _TILES = {("fwd", 4): (2, 1, 16), ("fwd", 2): (2, 1, 16),
           ("bwd", 4): (1, 1, 8), ("bwd", 2): (1, 1, 16)}
-# The 2-query forward wins on large grids (encoder, 356k (batch, query, head)
-# rows: bf16 179 against 224 us with 1 query), but a 16-bit decoder is
-# latency-bound and gains from more, smaller programs (bf16, 9.6k rows: 15.6
-# against 16.5 us; 28.8k rows: 27.5 against 27.8): below this many rows a
-# 16-bit (and fp64) forward takes one query per program.  Session 5 re-tried
-# the alternatives on the decoder (bf16, graph cold / CUPTI us,
-# nvidia-h200-decoder-fwd-ab-s5.json): this tile 15.5 / 12.3; multi-warp tiles
-# still lose (2 x 2 x 8 22.2 / 18.9, 4 x 4 x 8 36.4 / 32.8), and so does the
-# pairs kernel with the points split over warps or thread groups (best: 4
-# queries x 2 slices, 1 warp, 17.0 / 13.3; not shipped).  fp32 keeps 2 queries
-# (fp64, for gradcheck only, was not measured and keeps 1): session 11 (graph /
-# CUPTI us, benchmarks/nvidia-h200-decoder-fwd-s11.json) decoder 19.3 / 15.6
-# against 20.6 / 17.1 with 1 query, dino_decoder 33.9 / 31.1 against 37.0 /
-# 34.2 (bf16 there: 16.8 / 12.9 against 15.5 / 12.3).
+# Below this many (batch, query, head) rows a 16-bit (and fp64) forward takes 1 query a
+# program: bf16 decoder 15.6 us against 16.5 with 2 (fp32 keeps 2; docs/design.md).
 _FWD_FEW_ROWS = 1 << 16
-# msda_fwd_pairs_kernel's queries per one-warp program at D = 32 (8 x 16
-# words of two channels: each thread one 16-byte load per corner row); a
-# wider head takes queries off (see _pairs_tile).  Same threshold as above:
-# on the H200 (benchmarks/nvidia-h200-forward-ab.json, graph cold us) the
-# pairs kernel wins the encoder (bf16 170.9 / fp16 171.4 against 180.4 /
-# 185.2 for msda_fwd_kernel's 2-query tile; 16 queries x 2 warps 173.2,
-# 32 x 4 173.0) and loses the latency-bound decoders (decoder 19.8 against
-# 15.9, dino_decoder 30.7 against 27.5, bf16).
+# msda_fwd_pairs_kernel's queries per one-warp program at D = 32 (wider heads: _pairs_tile):
+# bf16 encoder 170.9 us against 173.2 (16 x 2) and 173.0 (32 x 4) (docs/design.md).
 _PAIRS_QUERIES_D32 = 8
 _tile_override: dict = {}
 
@@ -97,11 +64,13 @@ def _next_pow2(n: int) -> int:
     return 1 << (n - 1).bit_length()
 
 
-def _tile(kernel: str, value: torch.Tensor, points: int, rows: int) -> dict:
+def _tile(kernel: str, value: torch.Tensor, points: int, rows: int,
+          element_size: int = 0) -> dict:
     """Launch constants for ``points`` = L * K sampling points per query and
-    ``rows`` = B * Q * M (query, head) pairs."""
+    ``rows`` = B * Q * M (query, head) pairs; the tuned tile is that of
+    value's element size, or of ``element_size`` where given."""
     block_q, num_warps, *block_p = _tile_override.get(
-        kernel, _TILES[kernel, min(value.element_size(), 4)])
+        kernel, _TILES[kernel, min(element_size or value.element_size(), 4)])
     if (kernel == "fwd" and kernel not in _tile_override and rows < _FWD_FEW_ROWS
             and value.dtype != torch.float32):
         block_q = 1
@@ -110,7 +79,7 @@ def _tile(kernel: str, value: torch.Tensor, points: int, rows: int) -> dict:
     # A wider head first takes queries off the tile (the registers of the
     # tuned D = 32 tile), then, past 2x the tuned elements per warp (D >= 128),
     # adds warps: one warp spilled 14 registers in the bf16 backward at
-    # D = 256 and 236 with fp32 accumulation (tools/compile_check.py).
+    # D = 256 and 236 with fp32 accumulation (research/compile_check.py).
     tuned = block_q * block_p * 32
     block_q = max(1, tuned // (block_p * block_d))
     num_warps = min(8, max(num_warps, num_warps * block_q * block_p * block_d // (2 * tuned)))
@@ -194,17 +163,8 @@ def msda_forward(value, spatial_shapes, level_start_index, sampling_locations,
     return out.view(B, Q, M * D)
 
 
-# zero_fill_kernel: BLOCK int32 words a program per step, at most
-# _FILL_PROGRAMS_PER_SM programs per SM, so that all are resident at once
-# and the backward launches as soon as each has started.  On the H200
-# (session 10, 7 tiles; graph us of the backward behind the fill, uniform,
-# decoder / dino_decoder; benchmarks/nvidia-h200-fill-pdl-s10.json):
-# - 16-bit grad_value: this fill with PDL 38.5 / 74.8; PyTorch's fill
-#   without PDL 41.2 / 78.0, with PDL (overlapping only the fill's tail)
-#   40.8 / 77.2.
-# - fp32: this fill with PDL 68.8 / 127.9; PyTorch's without 69.4 / 127.2,
-#   with PDL 68.6 / 126.9, so fp32 keeps PyTorch's fill (alone it writes
-#   4.5 TB/s, this kernel 4.3) and the backward behind it still takes PDL.
+# zero_fill_kernel: at most _FILL_PROGRAMS_PER_SM programs an SM, all resident, so the backward
+# launched behind it (PDL) starts at once: bf16 decoder 41.2 -> 38.5 us (docs/design.md).
 _FILL = dict(BLOCK=4096, num_warps=4)
 _FILL_PROGRAMS_PER_SM = 4
 
@@ -242,9 +202,8 @@ def fill_zeros(t: torch.Tensor) -> bool:
     the kernel sm_90 runs).  Everything else goes through PyTorch's fill,
     16-bit buffers of even size as int32 words: PyTorch wrote 16-bit zeros
     at 3.2 TB/s on the H200 against 4.5 TB/s for fp32 (grad_value of the
-    decoder preset, 45.5 MB bf16 in 14.4 us, 91 MB fp32 in 20.1 us:
-    benchmarks/nvidia-h200-gather-ceiling.json; as words 10.6 us:
-    nvidia-h200-gather-ceiling-fill-s8.json).
+    decoder preset, 45.5 MB bf16 in 14.4 us, 91 MB fp32 in 20.1 us; as
+    words 10.6 us: docs/design.md).
     """
     flat = t.view(-1)
     if not flat.numel():
@@ -267,22 +226,68 @@ def fill_zeros(t: torch.Tensor) -> bool:
     return pdl
 
 
+def grad_value_bound(go: torch.Tensor, attention_weights: torch.Tensor) -> torch.Tensor:
+    """(B, M) float64: a bound on |every partial sum| of grad_value[b, :, m, :]
+    for grad_output ``go`` (B, Q, M, D), computed on the device (no sync).
+
+    Each sample adds its weight times grad_output's row to four corners with
+    bilinear weights summing to 1, so a query adds at most
+    max_d |go[b, q, m, d]| * sum_{l,k} |w[b, q, m, l, k]| to any element; Q
+    times the largest of those bounds every sum.  A max rather than the sum
+    over the queries (looser by the largest query's bound over the mean one,
+    about 2x for random grad_output), so that the bound, and with it the fixed
+    point, is the same whatever the queries' order.  inf or NaN in go or the
+    weights make it inf or NaN."""
+    go_max = torch.linalg.vector_norm(go, float("inf"), dim=-1)  # exact in go's dtype
+    # fp32 at least: a sum of 16-bit weights could overflow fp16.
+    w_sum = torch.linalg.vector_norm(
+        attention_weights, 1, dim=(-2, -1),
+        dtype=torch.promote_types(attention_weights.dtype, torch.float32))
+    return (go_max.double() * w_sum.double()).amax(1) * go.shape[1]
+
+
+# fixed_to_float_kernel: ~2048 elements a program (64 rows of D = 32).
+_CONVERT = dict(ELEMS=2048, num_warps=4)
+
+
+def _fixed_to_float(acc: torch.Tensor, bound: torch.Tensor, dtype: torch.dtype,
+                    acc_dtype) -> torch.Tensor:
+    """msda_bwd_kernel's int64 fixed-point grad_value (B, S, M, D) as ``dtype``."""
+    B, S, M, D = acc.shape
+    out = torch.empty(acc.shape, device=acc.device, dtype=dtype)
+    block_d = _next_pow2(D)
+    block_s = max(1, _CONVERT["ELEMS"] // block_d)
+    with _device_guard(acc):
+        fixed_to_float_kernel[_grid(acc, S, block_s)](
+            acc, bound, out, S, D, *acc.stride()[:3],
+            BLOCK_S=block_s, BLOCK_D=block_d, ACC=acc_dtype, num_warps=_CONVERT["num_warps"])
+    return out
+
+
 def msda_backward(grad_output, value, spatial_shapes, level_start_index, sampling_locations,
-                  attention_weights, fp32_grad_accum: bool):
+                  attention_weights, fp32_grad_accum: bool, deterministic: bool = False):
     """Non-empty inputs only.  grad_output (B, Q, M * D).  Returns (grad_value, grad_loc, grad_attn),
     each contiguous in its input's dtype and shape.
 
     fp32_grad_accum: accumulate grad_value in an fp32 scratch buffer and
     round once at the end instead of atomically adding in value's dtype.
+    deterministic: accumulate grad_value in int64 fixed point instead
+    (fp32_grad_accum is then unused): bitwise the same every run (see
+    kernels.py and docs/determinism.md).
     """
     B, S, M, D = value.shape
     _, Q, _, L, K, _ = sampling_locations.shape
     grad_loc = sampling_locations.new_empty(sampling_locations.shape)
     grad_attn = attention_weights.new_empty(attention_weights.shape)
-    grad_value = torch.empty(value.shape, device=value.device,
-                             dtype=torch.float32 if fp32_grad_accum else value.dtype)
     go = grad_output.unflatten(-1, (M, D))  # a view for any strides
-    tile = _tile("bwd", value, L * K, B * Q * M)
+    acc = _acc_dtype(value, sampling_locations, attention_weights)
+    bound = grad_value_bound(go, attention_weights) if deterministic else None
+    accum = (torch.int64 if deterministic else torch.float32 if fp32_grad_accum
+             else value.dtype)
+    grad_value = torch.empty(value.shape, device=value.device, dtype=accum)
+    # int64 terms take registers: the fixed point takes the fp32 tile (8 points a
+    # chunk), 96 registers in bf16 at D = 32 on sm_90 against 120 with 16.
+    tile = _tile("bwd", value, L * K, B * Q * M, 4 if deterministic else 0)
     # The fill must be the kernel right before the backward: with PDL the
     # backward starts while the fill runs, and only its atomics wait for it.
     # (This assumes no other thread queues work on the same stream in
@@ -291,12 +296,13 @@ def msda_backward(grad_output, value, spatial_shapes, level_start_index, samplin
     with _device_guard(value):
         msda_bwd_kernel[_grid(value, Q, tile["BLOCK_Q"])](
             go, value, spatial_shapes, level_start_index, sampling_locations, attention_weights,
-            grad_value, grad_loc, grad_attn,
+            grad_value, grad_loc, grad_attn, bound,
             Q, S, D,
             *go.stride(), *value.stride(), *sampling_locations.stride(),
             *attention_weights.stride(),
             *grad_value.stride()[:3], *grad_loc.stride(), *grad_attn.stride(),
-            L=L, K=K, ACC=_acc_dtype(value, sampling_locations, attention_weights), PDL=pdl,
-            launch_pdl=pdl, **tile,
+            L=L, K=K, ACC=acc, PDL=pdl, launch_pdl=pdl, **tile,
         )
+    if deterministic:
+        return _fixed_to_float(grad_value, bound, value.dtype, acc), grad_loc, grad_attn
     return grad_value.to(value.dtype), grad_loc, grad_attn

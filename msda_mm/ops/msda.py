@@ -9,6 +9,12 @@ interpreter, which is how CI tests them).  Other CPU tensors run the
 pure-PyTorch reference with plain autograd.  The custom ops are opaque to
 ``torch.compile``, so a compiled model has no graph break here, and no host
 synchronisation happens in either direction (CUDA-graph capturable).
+
+Determinism: the forward has no atomics.  The Triton backward sums
+grad_value with atomic adds, in float by default (the order, and so the
+rounding, varies run to run) or, with ``deterministic=True`` or under
+``torch.use_deterministic_algorithms(True)``, in int64 fixed point, which
+gives bitwise-identical gradients every run (docs/determinism.md).
 """
 from __future__ import annotations
 
@@ -19,8 +25,9 @@ import torch
 from torch import Tensor
 
 from . import launch
+from .level_starts import level_starts_on_device
 from .reference import level_start_index_from_shapes, msda_reference, point_softmax
-from .validate import check_inputs, check_level_sizes
+from .validate import check_inputs, check_levels, check_optional_bool
 
 
 def _use_triton(t: Tensor) -> bool:
@@ -63,19 +70,30 @@ def _is_empty(value: Tensor, sampling_locations: Tensor) -> bool:
     return value.shape[3] == 0 or sampling_locations.shape[:3].numel() == 0
 
 
+def resolve_deterministic(deterministic: Optional[bool]) -> bool:
+    """Whether the backward sums grad_value in fixed point (bitwise the same
+    every run): as asked, or (None) as torch.are_deterministic_algorithms_enabled()
+    says when the backward runs."""
+    if deterministic is None:
+        return torch.are_deterministic_algorithms_enabled()
+    return deterministic
+
+
 def _alert_nondeterministic() -> None:
     # PyTorch's convention for ops with atomics (e.g. grid_sample's CUDA
     # backward): raise under use_deterministic_algorithms(True), warn under
-    # warn_only=True.  The CPU reference path is deterministic and never gets here.
+    # warn_only=True.  Only an explicit deterministic=False gets here in that
+    # mode (None follows it); the CPU reference path is deterministic throughout.
     if not torch.are_deterministic_algorithms_enabled():
         return
-    msg = ("msda_mm backward (grad_value accumulated with atomic adds) does not have a "
-           "deterministic implementation, but you set 'torch.use_deterministic_algorithms(True)'")
+    msg = ("msda_mm backward with deterministic=False (grad_value accumulated with float "
+           "atomic adds) does not have a deterministic implementation, but you set "
+           "'torch.use_deterministic_algorithms(True)'")
     if torch.is_deterministic_algorithms_warn_only_enabled():
         warnings.warn(msg + " with warn_only=True.", stacklevel=3)
     else:
-        raise RuntimeError(msg + ". Use warn_only=True, or run this op on CPU tensors (pure "
-                           "PyTorch reference) where determinism is required.")
+        raise RuntimeError(msg + ". Use deterministic=None or True (int64 fixed-point "
+                           "accumulation), or warn_only=True.")
 
 
 def _forward_impl(value, spatial_shapes, level_start_index, sampling_locations,
@@ -84,17 +102,21 @@ def _forward_impl(value, spatial_shapes, level_start_index, sampling_locations,
         B, _, M, D = value.shape
         return value.new_zeros(B, sampling_locations.shape[1], M * D)
     _require_triton(value)
-    check_level_sizes(spatial_shapes, value.shape[1])
+    check_levels(spatial_shapes, level_start_index, value.shape[1])
     return launch.msda_forward(value, spatial_shapes, level_start_index, sampling_locations,
                                attention_weights, softmax)
 
 
 def _backward_impl(grad_output, value, spatial_shapes, level_start_index, sampling_locations,
-                   attention_weights, fp32_grad_accum):
+                   attention_weights, fp32_grad_accum, deterministic):
     if _is_empty(value, sampling_locations):
         return (value.new_zeros(value.shape), sampling_locations.new_zeros(sampling_locations.shape),
                 attention_weights.new_zeros(attention_weights.shape))
     _require_triton(value)
+    if resolve_deterministic(deterministic):
+        return launch.msda_backward(grad_output, value, spatial_shapes, level_start_index,
+                                    sampling_locations, attention_weights,
+                                    fp32_grad_accum=False, deterministic=True)
     _alert_nondeterministic()
     return launch.msda_backward(grad_output, value, spatial_shapes, level_start_index,
                                 sampling_locations, attention_weights,
@@ -102,7 +124,8 @@ def _backward_impl(grad_output, value, spatial_shapes, level_start_index, sampli
 
 
 def _backward_through_softmax(backward, grad_output, value, spatial_shapes, level_start_index,
-                              sampling_locations, attention_weights, fp32_grad_accum, softmax):
+                              sampling_locations, attention_weights, fp32_grad_accum,
+                              deterministic, softmax):
     """``backward``'s (grad_value, grad_loc, grad_attn); with ``softmax`` the
     weights are logits: the backward runs on their point_softmax p and the
     logits' gradient is softmax's own backward of grad_attn.
@@ -114,11 +137,11 @@ def _backward_through_softmax(backward, grad_output, value, spatial_shapes, leve
     39 MB of bf16 corner rows the backward gathers)."""
     if not softmax:
         return backward(grad_output, value, spatial_shapes, level_start_index,
-                        sampling_locations, attention_weights, fp32_grad_accum)
+                        sampling_locations, attention_weights, fp32_grad_accum, deterministic)
     p = point_softmax(attention_weights)
     grad_value, grad_loc, grad_p = backward(grad_output, value, spatial_shapes,
                                             level_start_index, sampling_locations, p,
-                                            fp32_grad_accum)
+                                            fp32_grad_accum, deterministic)
     # Autograd's own softmax backward, p * (grad_p - sum(p * grad_p)), in p's dtype.
     grad_logits = torch._softmax_backward_data(grad_p.flatten(-2), p.flatten(-2), -1, p.dtype)
     return (grad_value, grad_loc,
@@ -128,17 +151,19 @@ def _backward_through_softmax(backward, grad_output, value, spatial_shapes, leve
 @torch.library.custom_op("msda_mm::msda_forward", mutates_args=())
 def msda_forward(value: Tensor, spatial_shapes: Tensor, level_start_index: Tensor,
                  sampling_locations: Tensor, attention_weights: Tensor,
-                 fp32_grad_accum: Optional[bool], softmax: bool = False) -> Tensor:
+                 fp32_grad_accum: Optional[bool], deterministic: Optional[bool],
+                 softmax: bool = False) -> Tensor:
     """Shapes as in ``multi_scale_deformable_attention``; returns (B, Q, M*D)
-    in value's dtype.  fp32_grad_accum only travels to the backward;
-    softmax: attention_weights are logits (see the functional API)."""
+    in value's dtype.  fp32_grad_accum and deterministic only travel to the
+    backward; softmax: attention_weights are logits (see the functional
+    API)."""
     return _forward_impl(value, spatial_shapes, level_start_index, sampling_locations,
                          attention_weights, softmax)
 
 
 @msda_forward.register_fake
 def _(value, spatial_shapes, level_start_index, sampling_locations, attention_weights,
-      fp32_grad_accum, softmax=False):
+      fp32_grad_accum, deterministic, softmax=False):
     B, _, M, D = value.shape
     return value.new_empty(B, sampling_locations.shape[1], M * D)
 
@@ -146,34 +171,36 @@ def _(value, spatial_shapes, level_start_index, sampling_locations, attention_we
 @torch.library.custom_op("msda_mm::msda_backward", mutates_args=())
 def msda_backward(grad_output: Tensor, value: Tensor, spatial_shapes: Tensor,
                   level_start_index: Tensor, sampling_locations: Tensor,
-                  attention_weights: Tensor,
-                  fp32_grad_accum: Optional[bool]) -> tuple[Tensor, Tensor, Tensor]:
+                  attention_weights: Tensor, fp32_grad_accum: Optional[bool],
+                  deterministic: Optional[bool]) -> tuple[Tensor, Tensor, Tensor]:
     """Returns (grad_value, grad_sampling_locations, grad_attention_weights),
     contiguous, each in its input's shape and dtype."""
     return _backward_impl(grad_output, value, spatial_shapes, level_start_index,
-                          sampling_locations, attention_weights, fp32_grad_accum)
+                          sampling_locations, attention_weights, fp32_grad_accum, deterministic)
 
 
 @msda_backward.register_fake
 def _(grad_output, value, spatial_shapes, level_start_index, sampling_locations,
-      attention_weights, fp32_grad_accum):
+      attention_weights, fp32_grad_accum, deterministic):
     return (value.new_empty(value.shape), sampling_locations.new_empty(sampling_locations.shape),
             attention_weights.new_empty(attention_weights.shape))
 
 
 def _setup_context(ctx, inputs, output):
     (value, spatial_shapes, level_start_index, sampling_locations, attention_weights, accum,
-     softmax) = inputs
+     deterministic, softmax) = inputs
     ctx.save_for_backward(value, spatial_shapes, level_start_index, sampling_locations,
                           attention_weights)
     ctx.fp32_grad_accum = accum
+    ctx.deterministic = deterministic
     ctx.softmax = softmax
 
 
 def _backward(ctx, grad_output):
     grad_value, grad_loc, grad_attn = _backward_through_softmax(
-        msda_backward, grad_output, *ctx.saved_tensors, ctx.fp32_grad_accum, ctx.softmax)
-    return grad_value, None, None, grad_loc, grad_attn, None, None
+        msda_backward, grad_output, *ctx.saved_tensors, ctx.fp32_grad_accum, ctx.deterministic,
+        ctx.softmax)
+    return grad_value, None, None, grad_loc, grad_attn, None, None, None
 
 
 msda_forward.register_autograd(_backward, setup_context=_setup_context)
@@ -187,15 +214,15 @@ class _EagerMSDA(torch.autograd.Function):
     and on the H200 (torch 2.11) host time per decoder forward + backward
     went from 824 to 774 us with this path.  Of what remains, the backward's
     Python runs about twice as slow on autograd's device thread as on the
-    calling thread (benchmarks/NOTES.md, session 10).  torch.compile sees
+    calling thread (docs/design.md).  torch.compile sees
     only the custom ops.
     """
 
     @staticmethod
     def forward(ctx, value, spatial_shapes, level_start_index, sampling_locations,
-                attention_weights, fp32_grad_accum, softmax):
+                attention_weights, fp32_grad_accum, deterministic, softmax):
         _setup_context(ctx, (value, spatial_shapes, level_start_index, sampling_locations,
-                             attention_weights, fp32_grad_accum, softmax), None)
+                             attention_weights, fp32_grad_accum, deterministic, softmax), None)
         return _forward_impl(value, spatial_shapes, level_start_index, sampling_locations,
                              attention_weights, softmax)
 
@@ -203,8 +230,9 @@ class _EagerMSDA(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_output):
         grad_value, grad_loc, grad_attn = _backward_through_softmax(
-            _backward_impl, grad_output, *ctx.saved_tensors, ctx.fp32_grad_accum, ctx.softmax)
-        return grad_value, None, None, grad_loc, grad_attn, None, None
+            _backward_impl, grad_output, *ctx.saved_tensors, ctx.fp32_grad_accum,
+            ctx.deterministic, ctx.softmax)
+        return grad_value, None, None, grad_loc, grad_attn, None, None, None
 
 
 def multi_scale_deformable_attention(
@@ -216,6 +244,7 @@ def multi_scale_deformable_attention(
     im2col_step: Optional[int] = None,
     *,
     fp32_grad_accum: Optional[bool] = None,
+    deterministic: Optional[bool] = None,
     softmax: bool = False,
 ) -> Tensor:
     """Multi-Scale Deformable Attention, a drop-in for mmcv's
@@ -224,8 +253,8 @@ def multi_scale_deformable_attention(
     Args:
         value: (B, S, M, D) float, S = sum_l H_l * W_l.
         spatial_shapes: (L, 2) int32/int64 (H_l, W_l).
-        level_start_index: (L,) int offsets of each level in S, or None to
-            derive them from spatial_shapes (on the device, no sync).
+        level_start_index: (L,) int offsets of each level in S (the levels
+            tile S in order, so these are the cumulative H_l * W_l), or None.
         sampling_locations: (B, Q, M, L, K, 2) normalised (x, y); may be a
             different float dtype than value (kept, never rounded to value's).
         attention_weights: (B, Q, M, L, K) float, any float dtype: the
@@ -234,6 +263,23 @@ def multi_scale_deformable_attention(
         fp32_grad_accum: accumulate grad_value in fp32 scratch (True), in
             value's dtype with native atomics (False), or choose from the
             device (None): fp32 only for bf16 below compute capability 9.0.
+            Unused by the deterministic backward.
+        deterministic: sum grad_value in int64 fixed point (True), so that
+            the backward gives bitwise-identical gradients run to run (same
+            inputs, device model, msda_mm and Triton versions); with float
+            atomic adds (False: raises under
+            ``torch.use_deterministic_algorithms(True)``, warns with
+            ``warn_only=True``); or as
+            ``torch.are_deterministic_algorithms_enabled()`` says when the
+            backward runs (None).  The fixed point's scale is a power of two
+            per (batch, head), from a bound on that head's sums taken on the
+            device: grad_value is at least as accurate as with
+            fp32_grad_accum=True, and NaN throughout a head whose
+            grad_output or attention_weights hold inf or NaN (or whose bound
+            passes 2**127, 2**1023 for fp64 inputs).  The cost: an int64
+            buffer the size of value, zeroed and converted, and int64
+            atomics (docs/determinism.md).  grad_sampling_locations and
+            grad_attention_weights have no atomics: deterministic either way.
         softmax: attention_weights are raw logits, and the weights are
             their softmax over the L * K points of each (query, head),
             taken inside the forward kernel (max subtracted, in fp32 or
@@ -241,23 +287,45 @@ def multi_scale_deformable_attention(
             ``attention_weights.softmax(-1)`` before the op: one kernel and
             one (B, Q, M, L, K) tensor less in the forward.  Same result as
             ``point_softmax`` (a softmax in at least fp32) before the op;
-            the gradient for attention_weights is that of the logits.
+            the gradient for attention_weights is that of the logits
+            (docs/fused_softmax.md).
 
     Returns:
         (B, Q, M * D) in value's dtype.  Gradients flow to value,
         sampling_locations and attention_weights, each in its own dtype.
+
+    What is checked: shapes, dtypes and devices of every tensor,
+    fp32_grad_accum and deterministic (None, True or False) and softmax (True
+    or False), always.  The values of spatial_shapes and level_start_index
+    only for CPU tensors in eager mode (ValueError unless every H_l, W_l >= 1,
+    sum_l H_l * W_l = S and level_start_index is where each level starts).
+    What is trusted on CUDA, where reading them would cost a host
+    synchronisation: spatial_shapes (positive, covering S, with no
+    H_l * W_l past int64).  Shapes that break this never read or write
+    outside value and its gradient (the kernels mask every corner outside
+    [0, S)) but give a wrong result.  level_start_index is not trusted: the
+    kernels never see the one passed (a CPU one is checked first), only
+    starts derived from spatial_shapes on the device.  Under torch.compile
+    the values are checked on no device.
     """
     del im2col_step
+    check_inputs(value, spatial_shapes, level_start_index, sampling_locations, attention_weights)
+    fp32_grad_accum = check_optional_bool("fp32_grad_accum", fp32_grad_accum)
+    deterministic = check_optional_bool("deterministic", deterministic)
     if not isinstance(softmax, bool):
         raise TypeError(f"softmax must be True or False, got {softmax!r}")
-    check_inputs(value, spatial_shapes, level_start_index, sampling_locations, attention_weights)
-    if not _use_triton(value):
-        check_level_sizes(spatial_shapes, value.shape[1])
+    if not _use_triton(value):  # the reference checks the level values it reads
         weights = point_softmax(attention_weights) if softmax else attention_weights
         return msda_reference(value, spatial_shapes, sampling_locations, weights,
                               level_start_index).to(value.dtype)
-    if level_start_index is None:
-        level_start_index = level_start_index_from_shapes(spatial_shapes)
-    op = msda_forward if torch.compiler.is_compiling() else _EagerMSDA.apply
+    check_levels(spatial_shapes, level_start_index, value.shape[1])
+    spatial_shapes = spatial_shapes.contiguous()  # the kernels read (H, W) rows
+    # Starts derived, not passed: a CUDA index that disagrees with the shapes
+    # is invisible without a sync.  Eager: 1 launch, not the 3 aten ops that
+    # compile fuses into one kernel.
+    compiling = torch.compiler.is_compiling()
+    level_start_index = (level_start_index_from_shapes(spatial_shapes) if compiling
+                         else level_starts_on_device(spatial_shapes))
+    op = msda_forward if compiling else _EagerMSDA.apply
     return op(value, spatial_shapes, level_start_index, sampling_locations, attention_weights,
-              fp32_grad_accum, softmax)
+              fp32_grad_accum, deterministic, softmax)

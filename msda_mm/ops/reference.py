@@ -12,6 +12,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from .validate import check_level_values, level_starts
+
 
 def level_start_index_from_shapes(spatial_shapes: torch.Tensor) -> torch.Tensor:
     """Offsets of each level in the flattened value sequence, computed on the
@@ -57,7 +59,9 @@ def msda_reference(
 
     The level shapes are read on the host (grid_sample needs Python ints),
     so this path synchronises with CUDA tensors; it is the reference, not the
-    fast path.
+    fast path.  Having read them, it checks them (ValueError unless the
+    levels are positive, tile S and agree with level_start_index), except
+    under torch.compile, which traces the values as unknown integers.
     """
     dtype = torch.promote_types(
         torch.promote_types(value.dtype, sampling_locations.dtype), attention_weights.dtype)
@@ -69,10 +73,12 @@ def msda_reference(
     grids = 2 * loc - 1
     B, S, M, D = value.shape
     _, Q, _, L, K, _ = sampling_locations.shape
-    if level_start_index is None:
-        level_start_index = level_start_index_from_shapes(spatial_shapes)
     shapes = spatial_shapes.tolist()
-    starts = level_start_index.tolist()
+    starts = None if level_start_index is None else level_start_index.tolist()
+    if not torch.compiler.is_compiling():  # while tracing the values are symbols
+        check_level_values(shapes, starts, S)
+    if starts is None:
+        starts = level_starts(shapes)
     sampled = []
     for lvl, ((h, w), start) in enumerate(zip(shapes, starts)):
         # (B, h*w, M, D) -> (B*M, D, h, w)

@@ -2,10 +2,15 @@
 and what was seen, instead of asserts, CUDA faults or silent garbage.
 
 Only metadata is inspected (shapes, dtypes, devices), never values of device
-tensors, so checking costs no host synchronisation.
+tensors, so checking costs no host synchronisation.  The level values
+(spatial_shapes, level_start_index) are read only where that is free: CPU
+tensors in eager mode (check_levels).
 """
 from __future__ import annotations
 
+from itertools import accumulate
+
+import numpy as np
 import torch
 
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -81,17 +86,44 @@ def check_inputs(value, spatial_shapes, level_start_index, sampling_locations,
                          + ", ".join(f"{n}: {d}" for n, d in devices.items()))
 
 
-def check_level_sizes(spatial_shapes: torch.Tensor, S: int) -> None:
-    """Raise ValueError if the levels do not tile value's S positions.
+def check_optional_bool(name: str, flag):
+    """``flag`` as the op takes it: None, True or False (a numpy bool becomes
+    a bool), or TypeError: any other value, even a truthy string such as
+    'no', would otherwise silently mean True."""
+    if flag is None or isinstance(flag, bool):
+        return flag
+    if isinstance(flag, np.bool_):
+        return bool(flag)
+    raise TypeError(f"{name} must be None, True or False, got {flag!r}")
 
-    Only for CPU shapes, where reading them costs no device synchronisation
-    (the kernels also mask any index past S, so CUDA shapes that disagree
-    read zeros rather than out of bounds), and not while torch.compile or
-    torch.export traces, where the values are unknown.
-    """
+
+def level_starts(shapes: list) -> list:
+    """Where each level of ``shapes`` ([H, W] per level) starts in S."""
+    return list(accumulate((h * w for h, w in shapes[:-1]), initial=0))
+
+
+def check_level_values(shapes: list, starts: list | None, S: int) -> None:
+    """ValueError unless ``shapes`` (spatial_shapes as [H, W] per level) are
+    positive, tile value's S positions, and agree with ``starts``
+    (level_start_index, or None).  Python ints: an H * W past int64, which
+    wraps in a tensor, is seen here as the number it is."""
+    if any(h < 1 or w < 1 for h, w in shapes):
+        raise ValueError(f"spatial_shapes must hold positive (H, W) per level, got {shapes}")
+    total = sum(h * w for h, w in shapes)
+    if total != S:
+        raise ValueError(f"spatial_shapes {shapes} cover {total} positions but value has S={S}")
+    if starts is not None and starts != level_starts(shapes):
+        raise ValueError(f"level_start_index {starts} disagrees with spatial_shapes {shapes}, "
+                         f"whose levels start at {level_starts(shapes)}")
+
+
+def check_levels(spatial_shapes: torch.Tensor, level_start_index: torch.Tensor | None,
+                 S: int) -> None:
+    """check_level_values for CPU tensors in eager mode, where reading them
+    costs no device synchronisation (CUDA tensors: see
+    multi_scale_deformable_attention); under torch.compile the values are
+    unknown while tracing, so nothing is read (no graph break)."""
     if spatial_shapes.device.type != "cpu" or torch.compiler.is_compiling():
         return
-    total = int((spatial_shapes[:, 0].long() * spatial_shapes[:, 1].long()).sum())
-    if total != S:
-        raise ValueError(f"spatial_shapes {spatial_shapes.tolist()} cover {total} positions "
-                         f"but value has S={S}")
+    check_level_values(spatial_shapes.tolist(),
+                       None if level_start_index is None else level_start_index.tolist(), S)

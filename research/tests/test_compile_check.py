@@ -4,7 +4,8 @@ sm_80 and sm_90 on the CPU (no GPU needed), at the mmdet default D = 32.
 What is checked is what the accumulation-mode auto-selection rests on: bf16
 atomic adds are a CAS loop on sm_80 (so auto picks the fp32 scratch there),
 fp32 adds are native on both archs, and the vectorised bf16 adds of the
-current tile layout are native on sm_90 (so auto keeps bf16 there).
+current tile layout are native on sm_90 (so auto keeps bf16 there); and
+that the deterministic backward's int64 adds are native on both.
 """
 import json
 import os
@@ -33,11 +34,16 @@ def _compile_check(out: Path, *args: str, kernel: str = "bwd", dtypes=("bf16",))
 
 
 @pytest.fixture(scope="module")
-def rows(tmp_path_factory):
-    """The four bf16 backward variants (2 archs x 2 accumulation modes)."""
+def all_rows(tmp_path_factory):
+    """The six bf16 backward variants (2 archs x 3 accumulation modes)."""
     out = tmp_path_factory.mktemp("compile_check") / "rows.json"
-    return {(r["arch"], r["fp32_accum"]): r
-            for r in _compile_check(out, "--archs", "80", "90", "--head-dims", "32")}
+    return _compile_check(out, "--archs", "80", "90", "--head-dims", "32")
+
+
+@pytest.fixture(scope="module")
+def rows(all_rows):
+    """The float-atomic variants by (arch, fp32_accum)."""
+    return {(r["arch"], r["fp32_accum"]): r for r in all_rows if not r["deterministic"]}
 
 
 def _fp32_adds_only(row):
@@ -84,10 +90,24 @@ def test_backward_waits_for_the_fill_only_where_pdl_exists(rows, arch):
         assert row["pdl_waits"] == (1 if arch >= 90 else 0), row
 
 
+def test_deterministic_backward_adds_native_int64(all_rows):
+    # Integer addition is associative, and a 64-bit add is one RED on both
+    # archs (no CAS loop); the fill wait stays where PDL exists.
+    det = {r["arch"]: r for r in all_rows if r["deterministic"]}
+    assert set(det) == {80, 90}
+    for arch, row in det.items():
+        assert row["error"] is None and not row["cas_loop"], row
+        assert row["ptx_atomics"] and all(op.endswith(".add.u64")
+                                          for op in row["ptx_atomics"]), row
+        assert row["sass_atomics"] and all(".ADD.64." in op for op in row["sass_atomics"]), row
+        assert row["pdl_waits"] == (1 if arch >= 90 else 0), row
+        assert row["spill_stores"] == 0 and row["spill_loads"] == 0, row
+
+
 def test_wide_heads_do_not_spill(tmp_path):
     # D = 256 (one head of 256): one warp per program held 4 x 16 x 256
     # corner values and spilled (14 registers native, 236 with fp32
-    # accumulation); launch._tile adds warps instead.
+    # accumulation); launch._tile adds warps instead (the int64 rows too).
     for row in _compile_check(tmp_path / "rows.json", "--archs", "90", "--head-dims", "256"):
         assert row["spill_stores"] == 0 and row["spill_loads"] == 0, row
 
@@ -144,3 +164,16 @@ def test_pairs_variants_only_where_the_launcher_takes_the_pairs_kernel():
     from research import codegen as cc
     rows = cc.variants([90], ["fp32", "bf16", "fp16"], [31, 32], ("fwd_pairs",))
     assert [(v.dtype, v.head_dim) for v in rows] == [("bf16", 32), ("fp16", 32)]
+
+
+def test_dump_writes_code_without_debug_lines(tmp_path):
+    # --dump: what two checkouts' code is compared by (debug lines and
+    # labels move with every source line and are left out).
+    rows = _compile_check(tmp_path / "rows.json", "--archs", "90", "--head-dims", "32",
+                          "--dump", str(tmp_path / "dump"), kernel="fwd", dtypes=("fp32",))
+    assert len(rows) == 1 and rows[0]["error"] is None
+    ptx = (tmp_path / "dump" / "fwd-sm90-fp32-d32.ptx").read_text()
+    sass = (tmp_path / "dump" / "fwd-sm90-fp32-d32.sass").read_text()
+    assert ".entry msda_fwd_kernel" in ptx and "ld.global" in ptx
+    assert ".loc" not in ptx and "$L__tmp" not in ptx and ".debug" not in ptx
+    assert "LDG.E" in sass

@@ -8,7 +8,7 @@ from msda_mm.ops import launch
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32, torch.float64],
                          ids=str)
 def test_forward_takes_one_query_per_program_only_on_small_16bit_grids(dtype):
-    # fp32 decoders keep 2 queries a program (faster on the H200, session 11).
+    # fp32 decoders keep 2 queries a program (faster on the H200: docs/design.md).
     value = torch.empty(2, 100, 8, 32, dtype=dtype, device="meta")
     small = 1 if dtype != torch.float32 else 2
     assert launch._tile("fwd", value, 16, rows=4 * 300 * 8)["BLOCK_Q"] == small

@@ -132,7 +132,8 @@ def _counting(kernels) -> tuple[types.ModuleType, list]:
 def test_the_switch_routes_mmcvs_module_to_the_build(kernels):
     model = torch.nn.Module()
     model.attn = MultiScaleDeformableAttention(embed_dims=64, num_heads=2, num_levels=2,
-                                               num_points=4, batch_first=True).cuda()
+                                               num_points=4, batch_first=True,
+                                               dropout=0.0).cuda()
     model.attn.init_weights()
     inputs = _attention_inputs()
     module, calls = _counting(kernels)

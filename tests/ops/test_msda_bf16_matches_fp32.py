@@ -2,12 +2,11 @@
 (msda_mm/e2e/kernel_check.py says why and within what), on random inputs:
 in the interpreter at small shapes, and marked gpu at DINO's training shapes.
 
-Why this is a test of its own: in session 5's DINO trainings
-(benchmarks/e2e/ap_b16) the three runs with the op on bf16 values lagged
-far behind those with the op fed fp32 values.  It holds on the H200
-(session 6), as did the same check on every MSDA call of one real training
-batch (initial weights; a .scratch wrapper then, tools/parity.py kernels
-now); more seeds then showed the lag in both kinds of run.
+Why this is a test of its own: in DINO trainings without an LR warmup
+(benchmarks/e2e/ap_no_warmup) runs with the op on bf16 values lagged
+behind runs with the op fed fp32 values.  It holds on the H200, as does the
+same check on every MSDA call of a real training batch (tools/parity.py
+kernels); more seeds showed the lag in both kinds of run.
 """
 import pytest
 import torch
@@ -78,7 +77,7 @@ def test_needs_a_bf16_value():
 @pytest.mark.parametrize("fp32_grad_accum", [True, False], ids=["fp32_accum", "native"])
 @pytest.mark.parametrize("layer,Q", [("encoder", None), ("decoder", 400)])
 def test_bf16_kernels_match_fp32_at_dino_training_shapes(layer, Q, fp32_grad_accum):
-    """benchmarks/e2e/ap_b16's shapes: batch 16 of 512 x 512 images (strides
+    """benchmarks/e2e/ap_no_warmup's shapes: batch 16 of 512 x 512 images (strides
     8-64), 8 heads of 32 channels, 4 points a level; the encoder's queries
     are its S positions (the pairs forward), the decoder's 100 queries plus
     denoising ones."""

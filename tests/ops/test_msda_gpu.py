@@ -115,7 +115,7 @@ def test_repeat_launches_skip_the_binding_and_give_the_same_results(monkeypatch,
     assert shifted.data_ptr() % 16
     # Another specialisation is another compiled kernel (narrower loads, its
     # own FMA contraction): on the H200 the fp32 outputs differed in the last
-    # bit (2.4e-7, session 11), so fp32 gets its default tolerance; the
+    # bit (2.4e-7), so fp32 gets its default tolerance; the
     # 16-bit outputs (rounded to 8 or 11 bits) matched exactly.
     exact = {} if dtype == torch.float32 else dict(rtol=0, atol=0)
     torch.testing.assert_close(launch.msda_forward(shifted, *rest),
@@ -181,7 +181,7 @@ def test_value_past_2_31_elements(tiles):
 @pytest.mark.multigpu
 def test_second_device_matches_first():
     if torch.cuda.device_count() < 2:
-        pytest.skip("needs 2 GPUs (issue: multi-GPU run)")
+        pytest.skip("needs 2 GPUs")
     args = make_inputs(B=2, Q=50, M=4, D=32, shapes=((16, 20), (8, 10)), K=4)[0]
     torch.cuda.set_device(0)  # cuda:1 inputs while cuda:0 is current
     out0, g0, g = run_op(_cuda(args, "cuda:0"))

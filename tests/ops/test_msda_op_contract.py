@@ -1,5 +1,6 @@
 """The op as PyTorch sees it: gradcheck, torch.library opcheck, torch.compile,
-gradient accumulation choice, deterministic mode."""
+gradient accumulation choice, deterministic mode (its numerics:
+test_msda_deterministic.py)."""
 import warnings
 
 import pytest
@@ -16,13 +17,10 @@ def _on(args, device):
     return {k: (v.to(device) if v is not None else None) for k, v in args.items()}
 
 
-# softmax: attention_weights (uniform in [0, 1]) are logits; the gradient
-# is the logits' (d/d logits through the softmax inside the op).
-SOFTMAX = pytest.mark.parametrize("softmax", [False, True], ids=["weights", "logits"])
-
-
-# The interpreter runs two forwards per input element: the softmax case
-# takes fewer (56) elements, each (query, head) still a softmax over 4 points.
+# softmax: attention_weights (uniform in [0, 1]) are logits, and the
+# gradient is the logits'.  The interpreter runs two forwards per input
+# element: the softmax case takes fewer (56) elements, each (query, head)
+# still a softmax over 4 points.
 @pytest.mark.parametrize("softmax,Q,M,D", [(False, 3, 2, 3), (True, 2, 1, 2)],
                          ids=["weights", "logits"])
 @pytest.mark.parametrize("device", DEVICES)
@@ -45,20 +43,22 @@ def _op_args(device, dtype=torch.float32):
     return args
 
 
-@SOFTMAX
+# softmax travels through the forward op only; the backward op takes the
+# softmax's p as its weights.
+@pytest.mark.parametrize("deterministic,softmax", [(None, False), (True, False), (None, True)])
 @pytest.mark.parametrize("device", DEVICES)
-def test_opcheck_forward_and_backward(device, softmax):
+def test_opcheck_forward_and_backward(device, deterministic, softmax):
     a = _op_args(device)
     fwd_args = (a["value"].requires_grad_(), a["spatial_shapes"], a["level_start_index"],
                 a["sampling_locations"].requires_grad_(), a["attention_weights"].requires_grad_(),
-                None, softmax)
+                None, deterministic, softmax)
     torch.library.opcheck(torch.ops.msda_mm.msda_forward.default, fwd_args)
     grad_out = torch.randn(2, 5, 16, device=device)
-    bwd_args = (grad_out, *(t.detach() for t in fwd_args[:5]), None)
+    bwd_args = (grad_out, *(t.detach() for t in fwd_args[:5]), None, deterministic)
     torch.library.opcheck(torch.ops.msda_mm.msda_backward.default, bwd_args)
 
 
-@SOFTMAX
+@pytest.mark.parametrize("softmax", [False, True], ids=["weights", "logits"])
 @pytest.mark.parametrize("device", DEVICES)
 def test_torch_compile_fullgraph(device, softmax):
     """No graph break: the op is one opaque node forward and backward (with
@@ -79,6 +79,31 @@ def test_torch_compile_fullgraph(device, softmax):
     for k in FLOAT_INPUTS:
         # grad_value: atomics in another order, hence rounding-level slack.
         torch.testing.assert_close(comp_grads[k], eager_grads[k], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("flag", [True, None], ids=["keyword", "global_mode"])
+@pytest.mark.parametrize("device", DEVICES)
+def test_torch_compile_deterministic_backward_is_the_eager_ones(device, flag):
+    """deterministic=True, or None under use_deterministic_algorithms(True),
+    travels through the compiled custom ops to the backward: bitwise the
+    eager deterministic gradients."""
+    a = _on(make_inputs()[0], device)
+    backend = "inductor" if device == "cuda" else "aot_eager"
+
+    def f(value, loc, attn):
+        return msda(value, a["spatial_shapes"], None, loc, attn, deterministic=flag) * 2
+
+    eager_out, eager_grads, g = run_op(
+        a, fn=lambda v, s, i, l, w: msda(v, s, i, l, w, deterministic=True) * 2)
+    prev = torch.are_deterministic_algorithms_enabled()
+    try:
+        torch.use_deterministic_algorithms(flag is None)
+        compiled = torch.compile(f, fullgraph=True, backend=backend)
+        _, comp_grads, _ = run_op(a, fn=lambda v, s, i, l, w: compiled(v, l, w), grad_out=g)
+    finally:
+        torch.use_deterministic_algorithms(prev)
+    for k in FLOAT_INPUTS:
+        torch.testing.assert_close(comp_grads[k], eager_grads[k], rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("capability,fp32", [((8, 0), True), ((8, 6), True), ((9, 0), False),
@@ -112,39 +137,73 @@ class _KernelSpy:
         return launch_
 
 
-@pytest.mark.parametrize("dtype,flag,accum", [
-    (torch.bfloat16, None, torch.float32),
-    (torch.bfloat16, True, torch.float32),
-    (torch.float16, None, torch.float16),
-    (torch.float16, True, torch.float32),
-    (torch.float32, None, torch.float32),
+@pytest.mark.parametrize("dtype,flag,deterministic,accum", [
+    (torch.bfloat16, None, None, torch.float32),
+    (torch.bfloat16, True, None, torch.float32),
+    (torch.float16, None, None, torch.float16),
+    (torch.float16, True, None, torch.float32),
+    (torch.float32, None, None, torch.float32),
+    # The deterministic backward sums in int64, whatever fp32_grad_accum says
+    # (even False for bf16, which the interpreter could not run).
+    (torch.bfloat16, False, True, torch.int64),
+    (torch.float16, True, True, torch.int64),
+    (torch.float64, None, True, torch.int64),
 ], ids=str)
-def test_backward_uses_selected_accumulator(monkeypatch, dtype, flag, accum):
+def test_backward_uses_selected_accumulator(monkeypatch, dtype, flag, deterministic, accum):
     spy = _KernelSpy(launch.msda_bwd_kernel)
     monkeypatch.setattr(launch, "msda_bwd_kernel", spy)
     args, _ = make_inputs(dtype=dtype)
-    _, grads, _ = run_op(args, fp32_grad_accum=flag)
+    _, grads, _ = run_op(args, fp32_grad_accum=flag, deterministic=deterministic)
     assert spy.accum_dtypes == [accum]
     assert grads["value"].dtype == dtype
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_deterministic_mode_raises_or_warns(device):
+def test_deterministic_mode_runs_the_fixed_point_backward(monkeypatch, device):
+    # use_deterministic_algorithms(True) takes the int64 backward instead of
+    # raising: the gradients of deterministic=True, bit for bit, silently.
+    spy = _KernelSpy(launch.msda_bwd_kernel)
+    monkeypatch.setattr(launch, "msda_bwd_kernel", spy)
+    a = _on(make_inputs()[0], device)
+    _, det, g = run_op(a, deterministic=True)
+    prev = torch.are_deterministic_algorithms_enabled()
+    try:
+        torch.use_deterministic_algorithms(True)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            _, grads, _ = run_op(a, grad_out=g)
+    finally:
+        torch.use_deterministic_algorithms(prev)
+    assert spy.accum_dtypes == [torch.int64, torch.int64]
+    for k in FLOAT_INPUTS:
+        torch.testing.assert_close(grads[k], det[k], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_deterministic_mode_raises_or_warns_only_when_forced_off(device):
+    # deterministic=False asks for the float atomics, which have no
+    # deterministic implementation: PyTorch's convention then applies.
     a = _on(make_inputs()[0], device)
     prev, prev_warn = (torch.are_deterministic_algorithms_enabled(),
                        torch.is_deterministic_algorithms_warn_only_enabled())
     try:
         torch.use_deterministic_algorithms(True)
-        msda(**a)  # the forward has no atomics: allowed
+        msda(**a, deterministic=False)  # the forward has no atomics: allowed
         with pytest.raises(RuntimeError, match="deterministic implementation"):
-            run_op(a)
+            run_op(a, deterministic=False)
         torch.use_deterministic_algorithms(True, warn_only=True)
         with pytest.warns(UserWarning, match="deterministic implementation"):
-            out, grads, g = run_op(a)
+            out, grads, g = run_op(a, deterministic=False)
     finally:
         torch.use_deterministic_algorithms(prev, warn_only=prev_warn)
     ref_out, ref_grads, _ = run_op(a, grad_out=g)
     torch.testing.assert_close(grads["sampling_locations"], ref_grads["sampling_locations"])
+
+
+def test_deterministic_flag_must_be_a_bool():
+    args, _ = make_inputs()
+    with pytest.raises(TypeError, match="deterministic must be None, True or False, got 1"):
+        msda(**args, deterministic=1)
 
 
 def test_deterministic_mode_cpu_reference_is_silent(reference_backend):

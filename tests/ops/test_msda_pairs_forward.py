@@ -24,10 +24,9 @@ def test_head_dims(device, dtype, D, pairs_launches):
 
 
 # (5, 5): more levels than mmdet's 4, K != 4, and 25 points, so the 16-bit
-# backward takes a full and a partial 16-point chunk.  It was (5, 8): the
-# pairs kernel unrolls every point, and its 40 points took 83-99 s a
-# compile on the H200 box, over half of the GPU suite's 312 s
-# (benchmarks/nvidia-h200-gpu-tests-s10.log).
+# backward takes a full and a partial 16-point chunk.  Not (5, 8): the
+# pairs kernel unrolls every point, and 40 points take 83-99 s a compile
+# on the H200 box, over half of a 312 s GPU suite.
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("L,K", [(1, 1), (4, 4), (5, 5)])
 @pytest.mark.parametrize("Q", [1, 7])

@@ -1,5 +1,6 @@
 """Bad input gets a ValueError/TypeError naming the argument, never an
 assert, a crash or garbage."""
+import numpy as np
 import pytest
 import torch
 
@@ -39,6 +40,9 @@ CASES = [
     (lambda a: dict(value=a["value"].numpy()), TypeError, ["value", "ndarray"]),
     (lambda a: dict(spatial_shapes=[[4, 5], [2, 3]]), TypeError, ["spatial_shapes", "list"]),
     (lambda a: dict(value=a["value"].to("meta")), ValueError, ["one device", "value: meta"]),
+    # Truthy non-bools silently meant True.
+    (lambda a: dict(fp32_grad_accum="no"), TypeError, ["fp32_grad_accum", "'no'"]),
+    (lambda a: dict(fp32_grad_accum=1), TypeError, ["fp32_grad_accum", "None, True or False"]),
 ]
 
 
@@ -51,6 +55,18 @@ def test_bad_input_raises_clear_error(case):
         msda(**args)
     for w in words:
         assert w in str(info.value), (w, str(info.value))
+
+
+def test_numpy_bool_fp32_grad_accum_is_a_bool(monkeypatch):
+    # Guards: a numpy bool (as configs built with numpy may hold) stays
+    # accepted once only None/True/False are, and reaches the op as a bool.
+    from msda_mm.ops import msda as msda_module
+    seen = []
+    monkeypatch.setattr(msda_module._EagerMSDA, "apply",
+                        lambda *args: seen.append(args[-1]) or args[0].new_zeros(1))
+    args = make_inputs(B=1, Q=2, M=2, D=8, K=2)[0]
+    msda(**args, fp32_grad_accum=np.bool_(True))
+    assert seen == [True] and type(seen[0]) is bool
 
 
 @pytest.mark.parametrize("shape", [(1, 2**31, 1, 1), (65536, 1, 1, 1), (1, 1, 65536, 1)])

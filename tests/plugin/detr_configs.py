@@ -1,4 +1,5 @@
-"""mmdet's own Deformable-DETR and DINO configs, shrunk for CPU tests.
+"""mmdet's own Deformable-DETR, DINO and Mask2Former configs, shrunk for CPU
+tests.
 
 The backbone becomes an untrained ResNet-18 (no checkpoint download; the
 configs' R50 / Swin-L would only slow the build), everything else, the
@@ -40,6 +41,23 @@ def detr_model_cfg(name: str, attn_type: str | None = None) -> Config:
     if attn_type is not None:
         model.encoder.layer_cfg.self_attn_cfg.type = attn_type
         model.decoder.layer_cfg.cross_attn_cfg.type = attn_type
+    return model
+
+MASK2FORMER_CONFIGS = {
+    "instance": "mask2former/mask2former_r50_8xb2-lsj-50e_coco.py",
+    "panoptic": "mask2former/mask2former_r50_8xb2-lsj-50e_coco-panoptic.py",
+}
+
+
+def mask2former_model_cfg(kind: str, attn_type: str | None = None) -> Config:
+    """The ``model`` cfg of ``MASK2FORMER_CONFIGS[kind]`` with a ResNet-18
+    backbone and, if given, ``type=attn_type`` in the pixel decoder's
+    deformable attention (its only one)."""
+    model = Config.fromfile(CONFIG_ROOT / MASK2FORMER_CONFIGS[kind]).model
+    model.backbone.update(depth=18, init_cfg=None)
+    model.panoptic_head.in_channels = [64 * 2 ** i for i in model.backbone.out_indices]
+    if attn_type is not None:
+        model.panoptic_head.pixel_decoder.encoder.layer_cfg.self_attn_cfg.type = attn_type
     return model
 
 

@@ -6,6 +6,7 @@ from mmdet.testing import demo_mm_inputs
 from msda_mm.models import triton_ms_deform_attn
 
 from .detr_configs import build_detector, deformable_attentions, detr_model_cfg
+from .train_step import finite_step
 
 
 def small_dino_cfg():
@@ -31,16 +32,11 @@ def test_dino_loss_backward_is_finite(reference_backend, quiet_mmengine, monkeyp
 
     batch = demo_mm_inputs(batch_size=1, image_shapes=[(3, 64, 64)], num_items=[3],
                            num_classes=80)
-    data = model.data_preprocessor(batch, training=True)
-    losses = model.loss(data["inputs"], data["data_samples"])
-    total, _ = model.parse_losses(losses)
-    total.backward()
+    losses = finite_step(model, batch)
 
     # Every encoder and decoder layer attended through msda_mm's op.
     assert len(op_calls) == len(deformable_attentions(model)) == 4
     assert {"loss_cls", "loss_bbox", "loss_iou", "dn_loss_cls", "enc_loss_cls"} <= set(losses)
-    for name, value in losses.items():
-        assert torch.isfinite(value).all(), name
     for attn in deformable_attentions(model):
         for name, p in attn.named_parameters():
             assert p.grad is not None and torch.isfinite(p.grad).all(), name
@@ -58,12 +54,6 @@ def test_dino_bf16_autocast_step_on_cuda(quiet_mmengine):
     model.train()
     batch = demo_mm_inputs(batch_size=2, image_shapes=[(3, 96, 64), (3, 64, 80)],
                            num_items=[3, 1], num_classes=80)
-    data = model.data_preprocessor(batch, training=True)
-    with torch.autocast("cuda", dtype=torch.bfloat16):
-        losses = model.loss(data["inputs"], data["data_samples"])
-    total, _ = model.parse_losses(losses)
-    total.backward()
-    for name, value in losses.items():
-        assert torch.isfinite(value).all(), name
+    finite_step(model, batch, autocast="cuda")
     for attn in deformable_attentions(model):
         assert torch.isfinite(attn.sampling_offsets.weight.grad).all()

@@ -1,11 +1,13 @@
 """TritonMSDeformAttn as a drop-in for mmcv's MultiScaleDeformableAttention."""
 import os
 
+import numpy as np
 import pytest
 import torch
 from mmcv.ops import MultiScaleDeformableAttention
 from mmdet.registry import MODELS
 from torch import nn
+from torch._dynamo.testing import CompileCounter
 
 from msda_mm import TritonMSDeformAttn
 from msda_mm.models import triton_ms_deform_attn
@@ -144,6 +146,39 @@ def test_identity_residual_and_dropout_contract(reference_backend):
     assert (dropped == 0).float().mean().item() == pytest.approx(0.5, abs=0.1)
 
 
+BAD_CONSTRUCTIONS = [
+    # (arguments over ARGS, exception, words the message must contain)
+    (dict(num_heads=0), ValueError, ["num_heads must be at least 1, got 0"]),
+    (dict(num_levels=0), ValueError, ["num_levels must be at least 1, got 0"]),
+    (dict(num_points=0), ValueError, ["num_points must be at least 1, got 0"]),
+    (dict(embed_dims=30), ValueError, ["embed_dims = 30", "multiple of num_heads = 4"]),
+    (dict(value_proj_ratio=0.3), ValueError, ["embed_dims * value_proj_ratio = 9"]),
+    (dict(num_heads=4.0), TypeError, ["num_heads must be an int, got 4.0"]),
+    (dict(num_points="3"), TypeError, ["num_points must be an int, got '3'"]),
+    (dict(num_levels=True), TypeError, ["num_levels must be an int, got True"]),
+    (dict(fp32_grad_accum="no"), TypeError, ["fp32_grad_accum", "'no'"]),
+]
+
+
+@pytest.mark.parametrize("case", range(len(BAD_CONSTRUCTIONS)))
+def test_bad_constructor_arguments_raise_naming_them(case):
+    """Guards: num_heads=0 failed with a bare ZeroDivisionError, num_levels=0
+    and num_points=0 in init_weights or at the first forward, naming no
+    argument; fp32_grad_accum='no' was taken and meant True."""
+    changes, exc, words = BAD_CONSTRUCTIONS[case]
+    with pytest.raises(exc) as info:
+        TritonMSDeformAttn(**{**ARGS, **changes})
+    for w in words:
+        assert w in str(info.value), (w, str(info.value))
+
+
+def test_sizes_given_positionally_are_checked_too():
+    with pytest.raises(ValueError, match="num_levels must be at least 1"):
+        TritonMSDeformAttn(32, 4, 0)
+    assert TritonMSDeformAttn(32, 4, 2, 3, fp32_grad_accum=np.bool_(False)).fp32_grad_accum \
+        is False
+
+
 def test_bad_reference_points_raise():
     attn = TritonMSDeformAttn(**ARGS)
     inputs = attention_inputs()
@@ -183,16 +218,23 @@ def test_bf16_autocast_keeps_locations_fp32(reference_backend, op_calls):
     assert op_calls[1]["locations"] == torch.float64
 
 
-def test_fp32_grad_accum_reaches_the_op(reference_backend, op_calls):
+@pytest.mark.parametrize("flag", ["fp32_grad_accum", "deterministic"])
+def test_op_flags_reach_the_op(reference_backend, op_calls, flag):
     # The config key (e.g. --cfg-options
     # model.encoder.layer_cfg.self_attn_cfg.fp32_grad_accum=True) is passed
     # to every call; it is no parameter or buffer, so checkpoints still load.
+    # deterministic=None follows torch.use_deterministic_algorithms in the op.
     default = TritonMSDeformAttn(**ARGS)
-    forced = MODELS.build(dict(type="TritonMSDeformAttn", fp32_grad_accum=True, **ARGS))
+    forced = MODELS.build(dict(type="TritonMSDeformAttn", **{flag: True}, **ARGS))
     forced.load_state_dict(default.state_dict(), strict=True)
     default(**attention_inputs())
     forced(**attention_inputs())
-    assert [c["fp32_grad_accum"] for c in op_calls] == [None, True]
+    assert [c[flag] for c in op_calls] == [None, True]
+
+
+def test_deterministic_must_be_a_bool():
+    with pytest.raises(TypeError, match="deterministic must be None, True or False, got 'on'"):
+        TritonMSDeformAttn(deterministic="on", **ARGS)
 
 
 def test_fp32_compute_hands_the_op_an_fp32_value(reference_backend, op_calls):
@@ -237,6 +279,26 @@ def test_module_on_triton_kernels_matches_reference(monkeypatch):
     reference = output_and_grads(attn.cpu(), {k: v.cpu() for k, v in inputs.items()})
     for got, want in zip(on_kernels, reference, strict=True):
         torch.testing.assert_close(got.cpu(), want, rtol=1e-4, atol=1e-4)
+
+
+def test_module_compiles_to_one_graph_on_cpu(reference_backend):
+    """Guards: torch.compile(fullgraph=True) of the module on CPU failed on
+    the op's host check of the level sizes (a data-dependent guard)."""
+    torch._dynamo.reset()
+    attn = randomise(TritonMSDeformAttn(**ARGS))
+    inputs = attention_inputs()
+    counter = CompileCounter()
+    compiled = torch.compile(attn, backend=counter, fullgraph=True)
+    results = []
+    for module in (compiled, attn):
+        attn.zero_grad()
+        out = module(**inputs)
+        out.square().sum().backward()
+        results.append([out] + [p.grad.clone() for p in attn.parameters()])
+    assert counter.frame_count == 1
+    # The same ops in the same order: equal up to fp32 rounding.
+    for got, want in zip(*results, strict=True):
+        torch.testing.assert_close(got, want)
 
 
 @pytest.mark.gpu

@@ -3,12 +3,16 @@
 Every image draws from its own random stream, seeded by (seed, split,
 index), and files are written with fixed PNG settings and sorted-key JSON:
 the same arguments give the same bytes, whatever the number of threads.
+
+The writer only writes into an empty folder or one of its own trees: one
+with its marker (complete) or its claim (a write that did not finish).
 """
 from __future__ import annotations
 
 import fcntl
 import json
 import os
+import uuid
 import zlib
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -20,7 +24,12 @@ import numpy as np
 from .render import CLASSES, render
 
 SPLITS = ("train", "val")
+# The arguments of a complete tree, written last.
 MARKER = ".synthetic.json"
+# Written first and removed after MARKER: the folder is this writer's while
+# a write is under way or after one that stopped half way.
+CLAIM = ".synthetic.writing"
+LOCK = ".generate.lock"
 # Bump when the drawing changes, so a tree written by an older generator is
 # not silently reused as if it were what these arguments produce.
 FORMAT_VERSION = 1
@@ -38,9 +47,15 @@ def _image_rng(seed: int, split: str, index: int) -> np.random.Generator:
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
+    # A temporary name of its own in the same folder, renamed over the file:
+    # writers never share one, and readers see whole files only.
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+    try:
+        with open(tmp, "xb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def _default_workers() -> int:
@@ -89,43 +104,74 @@ def marker(num_train: int, num_val: int, size: Sequence[int], seed: int) -> dict
                 seed=int(seed), version=FORMAT_VERSION)
 
 
+def _check_ours(out: Path) -> None:
+    """ValueError unless ``out`` is missing, empty, or this writer's."""
+    if not out.is_dir() or (out / MARKER).exists() or (out / CLAIM).exists():
+        return
+    found = sorted(p.name for p in out.iterdir() if p.name != LOCK)
+    if found:
+        raise ValueError(f"{out} is not empty and has no {MARKER} of msda_mm's synthetic data "
+                         f"writer (found {found[0]!r} and {len(found) - 1} other entries): "
+                         f"refusing to write into it; use an empty or new folder")
+
+
+def _read_marker(out: Path) -> dict | None:
+    """The arguments of the complete tree under ``out``, or None."""
+    path = out / MARKER
+    if not path.exists():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{path} is truncated or corrupt ({error}): delete {out} and run "
+                         f"again to regenerate the synthetic data") from error
+
+
 def generate(out: str | os.PathLike, num_train: int, num_val: int, size: Sequence[int],
              seed: int = 0, workers: int | None = None) -> None:
-    """Write both splits under ``out``, then the marker recording the
-    arguments: written last, so a tree without it is incomplete."""
+    """Write both splits under ``out`` (empty, missing, or a tree of this
+    writer's, else ValueError), then the marker recording the arguments:
+    written last, so a tree without it is incomplete."""
     out = Path(out)
     size = (int(size[0]), int(size[1]))
     if min(size) < 32:
         # Below that the size range of the shapes is empty (and mmdet's
         # default filter drops images under 32 pixels anyway).
         raise ValueError(f"synthetic images must be at least 32 x 32, got {size}")
+    _check_ours(out)
+    out.mkdir(parents=True, exist_ok=True)
+    _write_atomic(out / CLAIM, b"")
+    (out / MARKER).unlink(missing_ok=True)  # before the first file changes
     for split, num in zip(SPLITS, (num_train, num_val), strict=True):
         generate_split(out, split, num, size, seed, workers)
     _write_atomic(out / MARKER, json.dumps(marker(num_train, num_val, size, seed),
                                            sort_keys=True).encode())
+    (out / CLAIM).unlink(missing_ok=True)
 
 
 def ensure_generated(out: str | os.PathLike, num_train: int, num_val: int,
-                     size: Sequence[int], seed: int = 0) -> bool:
+                     size: Sequence[int], seed: int = 0, workers: int | None = None) -> bool:
     """Generate the tree under ``out`` unless it is already there; True if
     this call wrote it.
 
     Safe for several processes at once (DDP ranks, even on several nodes
-    sharing a file system): they serialise on an exclusive lock in ``out``;
-    the first writes, the others then find the marker and return.  Raises
-    ValueError if ``out`` holds a tree generated with other arguments,
-    rather than train on data that differs from what the config says.
+    sharing a file system, or two command lines): they serialise on an
+    exclusive lock in ``out``; the first writes, the others then find the
+    marker and return.  Raises ValueError if ``out`` holds a tree generated
+    with other arguments, rather than train on data that differs from what
+    the config says, or anything not written by this writer.
     """
     out = Path(out)
     want = marker(num_train, num_val, size, seed)
+    _check_ours(out)  # before the lock file goes in
     out.mkdir(parents=True, exist_ok=True)
-    with open(out / ".generate.lock", "w") as lock:
+    with open(out / LOCK, "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if (out / MARKER).exists():
-            have = json.loads((out / MARKER).read_text())
-            if have != want:
-                raise ValueError(f"{out} holds synthetic data generated with {have}, but "
-                                 f"{want} was asked for: delete it or use another data_root")
-            return False
-        generate(out, num_train, num_val, size, seed)
-        return True
+        have = _read_marker(out)
+        if have is None:
+            generate(out, num_train, num_val, size, seed, workers)
+            return True
+        if have != want:
+            raise ValueError(f"{out} holds synthetic data generated with {have}, but "
+                             f"{want} was asked for: delete it or use another data_root")
+        return False

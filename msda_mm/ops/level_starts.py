@@ -1,0 +1,42 @@
+"""level_start_index derived from spatial_shapes on the device in one launch.
+
+The eager Triton path never reads a passed level_start_index (its values
+cannot be checked against spatial_shapes without a host synchronisation):
+it derives the starts from the shapes.  One Triton kernel does that where
+``level_start_index_from_shapes`` takes three aten ops (product, cumsum,
+subtraction), each a kernel launch of host time on the hot path.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .fast_launch import FastLaunch
+from .launch import _device_guard, _next_pow2
+
+
+@triton.jit
+def level_starts_kernel(shapes_ptr, starts_ptr, L: tl.constexpr, BLOCK_L: tl.constexpr):
+    """starts[l] = sum of H_j * W_j over the levels j < l (int64), from the
+    contiguous (L, 2) int shapes."""
+    lvl = tl.arange(0, BLOCK_L)
+    live = lvl < L
+    h = tl.load(shapes_ptr + 2 * lvl, mask=live, other=0).to(tl.int64)
+    w = tl.load(shapes_ptr + 2 * lvl + 1, mask=live, other=0).to(tl.int64)
+    sizes = h * w
+    tl.store(starts_ptr + lvl, tl.cumsum(sizes, 0) - sizes, mask=live)
+
+
+_kernel = FastLaunch(level_starts_kernel)
+
+
+def level_starts_on_device(spatial_shapes: torch.Tensor) -> torch.Tensor:
+    """(L,) int64 level starts of the contiguous (L, 2) int ``spatial_shapes``,
+    computed on its device without a host synchronisation (CUDA tensors, or
+    CPU tensors under ``TRITON_INTERPRET=1``)."""
+    L = spatial_shapes.shape[0]
+    starts = torch.empty(L, dtype=torch.int64, device=spatial_shapes.device)
+    with _device_guard(spatial_shapes):
+        _kernel[(1,)](spatial_shapes, starts, L=L, BLOCK_L=_next_pow2(L), num_warps=1)
+    return starts

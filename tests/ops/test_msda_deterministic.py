@@ -1,0 +1,163 @@
+"""The deterministic backward (int64 fixed-point grad_value) in the
+interpreter: bitwise-identical gradients whatever the launch order, accuracy
+against fp64, the fixed point's scale and its NaN fallback.  The same
+properties at realistic shapes on the GPU: test_msda_deterministic_gpu.py."""
+import pytest
+import torch
+
+from msda_inputs import FLOAT_INPUTS, FLOOR, make_inputs, reference_fn, rel_err, run_op
+from msda_mm.ops import launch
+
+DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
+# One rounding of the stored 16-bit result: the fixed-point and the fp32
+# sums differ in their last fp32 bits, and a 16-bit result may round to the
+# neighbour.
+ONE_ROUNDING = {torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8}
+
+
+def _crowded(dtype, seed=0, **kw):
+    """Small inputs whose locations crowd near the image centre, so that many
+    samples add to the same grad_value rows."""
+    return make_inputs(B=1, Q=6, M=2, D=4, shapes=((4, 5), (2, 3)), K=2, dtype=dtype,
+                       lo=0.4, hi=0.6, seed=seed, **kw)[0]
+
+
+def permuted(args, grad_out, perm):
+    """The same call with the queries in order ``perm``."""
+    out = dict(args, sampling_locations=args["sampling_locations"][:, perm],
+               attention_weights=args["attention_weights"][:, perm])
+    M = args["value"].shape[2]
+    return out, grad_out.unflatten(-1, (M, -1))[:, perm].flatten(-2)
+
+
+def assert_equal(a, b):
+    torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_runs_tiles_and_query_orders_give_bitwise_identical_gradients(dtype):
+    args = _crowded(dtype)
+    _, first, g = run_op(args, deterministic=True)
+    # Repeats, other tiles (BLOCK_Q x warps x BLOCK_P: other programs own
+    # each query, other chunks each point), then the queries reversed.
+    tiles = [None] * 3 + [(1, 1, 1), (1, 1, 2), (2, 1, 4), (4, 2, 2), (8, 1, 16)]
+    for tile in tiles:
+        with launch.tile_override(bwd=tile):
+            _, grads, _ = run_op(args, grad_out=g, deterministic=True)
+        assert_equal(grads["value"], first["value"])
+    perm = torch.arange(args["attention_weights"].shape[1]).flip(0)
+    perm_args, perm_g = permuted(args, g, perm)
+    _, grads, _ = run_op(perm_args, grad_out=perm_g, deterministic=True)
+    assert_equal(grads["value"], first["value"])
+    # Written once per element, never added to: each is its query's own.
+    assert_equal(grads["sampling_locations"], first["sampling_locations"][:, perm])
+    assert_equal(grads["attention_weights"], first["attention_weights"][:, perm])
+
+
+def test_float_atomics_do_depend_on_the_query_order():
+    # What the test above rules out: the fp32 atomics of the default backward
+    # add the reversed queries' terms in another order, with other roundings.
+    args = _crowded(torch.float32)
+    _, first, g = run_op(args)
+    perm = torch.arange(args["attention_weights"].shape[1]).flip(0)
+    perm_args, perm_g = permuted(args, g, perm)
+    _, grads, _ = run_op(perm_args, grad_out=perm_g)
+    torch.testing.assert_close(grads["value"], first["value"])
+    assert not torch.equal(grads["value"], first["value"])
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_locations_and_weights_gradients_are_the_default_backwards(dtype):
+    # The deterministic mode changes grad_value's accumulation only.
+    args = _crowded(dtype, seed=1)
+    _, det, g = run_op(args, deterministic=True)
+    _, default, _ = run_op(args, grad_out=g, fp32_grad_accum=True)
+    for k in ("sampling_locations", "attention_weights"):
+        assert_equal(det[k], default[k])
+
+
+def errors(args, grad_out):
+    """grad_value's relative error against the fp64 reference (on the CPU):
+    (deterministic, fp32 accumulator), both on args' device."""
+    f64 = {k: (v.cpu().double() if k in FLOAT_INPUTS else v.cpu()) for k, v in args.items()
+           if v is not None}
+    _, truth, _ = run_op(dict(f64, level_start_index=None), fn=reference_fn,
+                         grad_out=grad_out.cpu().double())
+    _, det, _ = run_op(args, grad_out=grad_out, deterministic=True)
+    _, fp32, _ = run_op(args, grad_out=grad_out, fp32_grad_accum=True)
+    return rel_err(det["value"], truth["value"]), rel_err(fp32["value"], truth["value"])
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_grad_value_is_no_less_accurate_than_the_fp32_accumulator(dtype, seed):
+    args = _crowded(dtype, seed=seed)
+    g = torch.randn(1, 6, 8, dtype=torch.float64).to(dtype)
+    det, fp32 = errors(args, g)
+    assert det <= fp32 + ONE_ROUNDING.get(dtype, 0.0), (det, fp32, seed)
+    assert det <= FLOOR[dtype], (det, seed)
+
+
+@pytest.mark.parametrize("dtype,power", [(torch.float32, 100), (torch.float32, -100),
+                                         (torch.bfloat16, 100), (torch.bfloat16, -100),
+                                         (torch.float16, 8),
+                                         (torch.float64, 900), (torch.float64, -900)], ids=str)
+def test_the_scale_follows_grad_output_exactly(dtype, power):
+    # The fixed point's exponent comes from grad_output's size: the same terms
+    # scaled by a power of two give the same integers, so grad_value scales
+    # exactly.  2**-100 needs more than fp32's largest exponent (applied as
+    # two factors); 2**100 a negative one.  (fp16 only upwards: downwards its
+    # small gradients would turn subnormal and round differently.)
+    args = _crowded(dtype, seed=2)
+    g = torch.randn(1, 6, 8).to(dtype)
+    _, base, _ = run_op(args, grad_out=g, deterministic=True)
+    _, scaled, _ = run_op(args, grad_out=g * 2.0**power, deterministic=True)
+    assert_equal(scaled["value"], base["value"] * 2.0**power)
+
+
+@pytest.mark.parametrize("bad", [float("inf"), float("nan")])
+def test_non_finite_grad_output_makes_its_head_nan(bad):
+    # The documented fallback (no host sync to raise from): every element of
+    # the head (b, m) whose grad_output holds inf or NaN is NaN; the other
+    # heads' fixed points, and so their gradients, are untouched.
+    args = _crowded(torch.float32, seed=3)
+    g = torch.randn(1, 6, 8)
+    _, clean, _ = run_op(args, grad_out=g, deterministic=True)
+    g[0, 2, 5] = bad  # query 2, head 1 (D = 4), channel 1
+    _, grads, _ = run_op(args, grad_out=g, deterministic=True)
+    assert grads["value"][:, :, 1].isnan().all()
+    assert_equal(grads["value"][:, :, 0], clean["value"][:, :, 0])
+    _, default, _ = run_op(args, grad_out=g, fp32_grad_accum=True)
+    for k in ("sampling_locations", "attention_weights"):
+        assert_equal(grads[k], default[k])
+
+
+def test_nan_weight_and_a_bound_past_fp32_make_their_heads_nan():
+    args = _crowded(torch.float32, seed=4)
+    args["attention_weights"][0, 3, 0, 1, 0] = float("nan")  # head 0
+    g = torch.randn(1, 6, 8)
+    # Head 1: |grad_output| up to 1e38, a bound past 2**127 (6 queries with
+    # weights summing to ~2), which an fp32 term or result could overflow.
+    g[..., 4:] *= 1e38 / g[..., 4:].abs().max()
+    _, grads, _ = run_op(args, grad_out=g, deterministic=True)
+    assert grads["value"].isnan().all()
+    bound = launch.grad_value_bound(g.unflatten(-1, (2, 4)), args["attention_weights"])
+    assert bound[0, 0].isnan() and bound[0, 1] > 2.0**127
+
+
+def test_bound_caps_every_partial_sum_and_ignores_query_order():
+    args = _crowded(torch.float32, seed=5)
+    g = torch.randn(1, 6, 8)
+    bound = launch.grad_value_bound(g.unflatten(-1, (2, 4)), args["attention_weights"])
+    # Every term counted with its magnitude: the largest possible partial sum.
+    f64 = {k: (v.double() if k in FLOAT_INPUTS else v) for k, v in args.items()}
+    abs_args = dict(f64, attention_weights=f64["attention_weights"].abs())
+    _, grads, _ = run_op(abs_args, fn=reference_fn, grad_out=g.double().abs())
+    largest = grads["value"].amax(dim=(1, 3))  # (B, M)
+    # Tight to 4 Q L K: the largest element takes a quarter (one corner) of
+    # the heaviest sample of the query that sets the bound.
+    assert (largest <= bound).all() and (bound <= 4 * 6 * 2 * 2 * largest).all(), (largest,
+                                                                                  bound)
+    perm = torch.randperm(6)
+    assert_equal(launch.grad_value_bound(g.unflatten(-1, (2, 4))[:, perm],
+                                          args["attention_weights"][:, perm]), bound)

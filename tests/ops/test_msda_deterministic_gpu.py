@@ -1,0 +1,108 @@
+"""The deterministic backward on the GPU, at realistic shapes where float
+atomics collide by the thousand (run: python -m pytest -m gpu tests)."""
+import pytest
+import torch
+
+from msda_inputs import FLOAT_INPUTS, make_inputs, run_op
+from msda_mm import multi_scale_deformable_attention as msda
+from msda_mm.ops import launch
+from test_msda_deterministic import ONE_ROUNDING, assert_equal, errors, permuted
+
+pytestmark = pytest.mark.gpu
+
+DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
+SHAPES = ((64, 80), (32, 40), (16, 20), (8, 10))
+
+
+def _inputs(dtype, lo, hi, seed=0):
+    """DINO-decoder-like call (900 queries, 8 heads of 32, 4 levels of 4
+    points), locations uniform in [lo, hi] of every level; fp32 locations
+    and weights except for fp64."""
+    side = None if dtype == torch.float64 else torch.float32
+    args, _ = make_inputs(B=2, Q=900, M=8, D=32, shapes=SHAPES, K=4, dtype=dtype,
+                          loc_dtype=side, attn_dtype=side, lo=lo, hi=hi, seed=seed)
+    return {k: (v.cuda() if v is not None else None) for k, v in args.items()}
+
+
+def _one_pixel(dtype):
+    # Every sample within a pixel of the widest level's centre: each of the
+    # 2 x 8 heads' 57600 samples adds to the same few rows.
+    return _inputs(dtype, 0.5, 0.5 + 1 / 80)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_ten_runs_are_bitwise_identical(dtype):
+    args = _one_pixel(dtype)
+    _, first, g = run_op(args, deterministic=True)
+    assert first["value"].abs().amax() > 0
+    for _ in range(9):
+        _, grads, _ = run_op(args, grad_out=g, deterministic=True)
+        for k in FLOAT_INPUTS:
+            assert_equal(grads[k], first[k])
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_tiles_and_query_order_give_bitwise_identical_grad_value(dtype):
+    args = _one_pixel(dtype)
+    _, first, g = run_op(args, deterministic=True)
+    for tile in [(1, 1, 4), (1, 1, 16), (2, 1, 8), (4, 4, 8)]:
+        with launch.tile_override(bwd=tile):
+            _, grads, _ = run_op(args, grad_out=g, deterministic=True)
+        assert_equal(grads["value"], first["value"])
+    perm = torch.randperm(900, device="cuda")
+    permuted_args, permuted_g = permuted(args, g, perm)
+    _, grads, _ = run_op(permuted_args, grad_out=permuted_g, deterministic=True)
+    assert_equal(grads["value"], first["value"])
+    assert_equal(grads["sampling_locations"], first["sampling_locations"][:, perm])
+    assert_equal(grads["attention_weights"], first["attention_weights"][:, perm])
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_grad_value_is_no_less_accurate_than_the_fp32_accumulator(dtype):
+    # Locations crowded in [0.2, 0.4]: ~50 adds per touched element.
+    args = _inputs(dtype, 0.2, 0.4, seed=1)
+    g = torch.randn(2, 900, 256, device="cuda", dtype=torch.float64).to(dtype)
+    det, fp32 = errors(args, g)
+    assert det <= fp32 + ONE_ROUNDING.get(dtype, 0.0), (det, fp32)
+
+
+def test_cuda_graph_replays_the_deterministic_backward():
+    # No host synchronisation: the bound, the fill, the backward and the
+    # conversion all capture, and replays give the eager gradients.
+    args = _inputs(torch.bfloat16, 0.2, 0.4, seed=2)
+    static = {k: (args[k].clone().requires_grad_() if k in FLOAT_INPUTS else args[k])
+              for k in args}
+    g = torch.randn(2, 900, 256, device="cuda", dtype=torch.bfloat16)
+
+    def step():
+        out = msda(**static, deterministic=True)
+        return torch.autograd.grad(out, [static[k] for k in FLOAT_INPUTS], g)
+
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        step()  # compile outside the capture
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = step()
+    _, eager, _ = run_op(args, grad_out=g, deterministic=True)
+    for _ in range(2):
+        graph.replay()
+        for k, got in zip(FLOAT_INPUTS, captured):
+            assert_equal(got, eager[k])
+
+
+@pytest.mark.parametrize("bad", [float("inf"), float("nan")])
+def test_non_finite_grad_output_makes_its_head_nan(bad):
+    args = _one_pixel(torch.float32)
+    g = torch.randn(2, 900, 256, device="cuda")
+    _, clean, _ = run_op(args, grad_out=g, deterministic=True)
+    g[1, 7, 3 * 32 + 5] = bad  # batch 1, head 3
+    _, grads, _ = run_op(args, grad_out=g, deterministic=True)
+    assert grads["value"][1, :, 3].isnan().all()
+    # The other heads' bounds, and so their fixed points, are untouched.
+    heads = torch.ones(2, 8, dtype=torch.bool, device="cuda")
+    heads[1, 3] = False
+    by_head = [t["value"].transpose(1, 2)[heads] for t in (grads, clean)]
+    assert_equal(*by_head)

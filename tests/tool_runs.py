@@ -1,0 +1,35 @@
+"""How the end-to-end tests run the user tools: their environment, and the
+CPU demo config (configs/synthetic/dino_tiny_cpu.py) cut to a few synthetic
+images."""
+import os
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+DEMO = ROOT / "configs/synthetic/dino_tiny_cpu.py"
+_TINY = """
+_base_ = {base!r}
+data_root = {data_root!r}
+dataset = dict(data_root=data_root, synthetic_cfg=dict(num_train={num_train}, num_val=4))
+train_dataloader = dict(dataset=dataset)
+val_dataloader = dict(dataset=dataset)
+test_dataloader = val_dataloader
+val_evaluator = dict(ann_file=data_root + 'annotations/instances_val.json')
+test_evaluator = val_evaluator
+"""
+
+
+def tool_env() -> dict:
+    """TRITON_INTERPRET=0: CPU tensors take the PyTorch reference, as for a
+    user on CPU.  PYTHONPATH: this checkout's msda_mm, wherever the installed
+    one is.  One thread: on a shared 2-core box OpenMP's barriers made a step
+    50x slower."""
+    return dict(os.environ, TRITON_INTERPRET="0", OMP_NUM_THREADS="1",
+                PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+
+
+def write_tiny_demo(path: Path, data_root: str, num_train: int, overrides: str = "") -> Path:
+    """The demo config at ``path``: ``num_train`` images in batches of 4,
+    validated and tested on 4, generated under ``data_root`` on first use."""
+    path.write_text(_TINY.format(base=str(DEMO), data_root=data_root, num_train=num_train)
+                    + overrides)
+    return path
