@@ -13,5 +13,5 @@ from .verified_checkpoint_hook import VerifiedCheckpointHook
 allow_mmengine_checkpoints()
 
 __all__ = ["CompileSubmodulesHook", "DamagedCheckpointError", "MergedGroupsOptimWrapperConstructor",
-           "NumThreadsHook", "SelectiveAmpOptimWrapper", "VerifiedCheckpointHook", "VerifiedLocalBackend",
-           "checkpoint_problem", "compile_submodules", "keep_fp32"]
+           "NumThreadsHook", "SelectiveAmpOptimWrapper", "VerifiedCheckpointHook",
+           "VerifiedLocalBackend", "checkpoint_problem", "compile_submodules", "keep_fp32"]
