@@ -221,7 +221,7 @@ import sys
 sys.path.insert(0, "tools")
 from mmengine.config import Config
 from msda_mm.datasets.synthetic import ensure_generated
-from profile_step import synthetic_dataset
+from profile_step_measure import synthetic_dataset
 for arg in sys.argv[1:]:
     ds = (Config.fromfile(arg).train_dataloader.dataset if arg.endswith(".py")
           else synthetic_dataset(*map(int, arg.split("x"))))

@@ -12,6 +12,8 @@ import zipfile
 
 import pytest
 
+import msda_mm
+
 from .conftest import ROOT
 
 SMOKE = """
@@ -49,8 +51,9 @@ def dist(tmp_path_factory):
 def test_the_wheel_holds_the_package_only(dist):
     names = zipfile.ZipFile(dist[1]).namelist()
     assert "msda_mm/ops/kernels.py" in names and "msda_mm/mmdet_tools.py" in names
-    assert {n.split("/")[0] for n in names} == {"msda_mm", "msda_mm-0.1.0.dist-info"}
-    entry_points = zipfile.ZipFile(dist[1]).read("msda_mm-0.1.0.dist-info/entry_points.txt")
+    info = f"msda_mm-{msda_mm.__version__}.dist-info"
+    assert {n.split("/")[0] for n in names} == {"msda_mm", info}
+    entry_points = zipfile.ZipFile(dist[1]).read(f"{info}/entry_points.txt")
     assert b"msda-mm-train = msda_mm.mmdet_tools:run_train" in entry_points
 
 
