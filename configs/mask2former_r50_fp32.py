@@ -11,3 +11,6 @@ model = dict(
     backbone=dict(init_cfg=None),
     panoptic_head=dict(pixel_decoder=dict(encoder=dict(layer_cfg=dict(
         self_attn_cfg=dict(type='TritonMSDeformAttn'))))))
+# Checkpoints saved atomically with a sha256 beside each, checked before
+# loading; --resume falls back to the newest whole one (msda_mm.engine).
+default_hooks = dict(checkpoint=dict(type='VerifiedCheckpointHook'))

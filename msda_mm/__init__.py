@@ -10,8 +10,10 @@ __all__ = ["multi_scale_deformable_attention", "msda_reference"]
 # TritonMSDeformAttn, mmcv-lite shims) comes with it wherever mmdet is
 # installed, so that `custom_imports=['msda_mm']` is all a config needs.
 if importlib.util.find_spec("mmdet") is not None:
-    from . import datasets  # noqa: F401  (registers SyntheticShapesDataset)
-    from . import engine  # noqa: F401  (registers its optim wrapper, constructor and hook)
+    from . import (
+        datasets,  # noqa: F401  (registers SyntheticShapesDataset)
+        engine,  # noqa: F401  (registers its optim wrapper, constructor and hook)
+    )
     from .models import TritonMSDeformAttn  # noqa: F401
 
     __all__.append("TritonMSDeformAttn")

@@ -28,15 +28,15 @@ import torch  # noqa: E402
 
 from msda_mm import multi_scale_deformable_attention  # noqa: E402
 from msda_mm.bench.cli import names  # noqa: E402
-from research.gather import corner_rows, distinct_rows, gather_sum  # noqa: E402
 from msda_mm.bench.inputs import make_inputs  # noqa: E402
 from msda_mm.bench.presets import PRESETS  # noqa: E402
 from msda_mm.bench.report import device_name, environment, slug, write_json  # noqa: E402
 from msda_mm.bench.run import DTYPES  # noqa: E402
-from research.scatter import scatter_add, zeroed  # noqa: E402
 from msda_mm.bench.timing import graph_times_us, kernel_times_us  # noqa: E402
 from msda_mm.ops import launch  # noqa: E402
 from msda_mm.ops.msda import resolve_fp32_grad_accum  # noqa: E402
+from research.gather import corner_rows, distinct_rows, gather_sum  # noqa: E402
+from research.scatter import scatter_add, zeroed  # noqa: E402
 
 
 def _tiles(text: str) -> list[tuple[int, int, int]]:
@@ -123,17 +123,18 @@ def main(argv=None) -> int:
             value = inputs.value
             rows = corner_rows(inputs)
             nbytes = PRESETS[name].gathered_bytes(value.element_size())
-            runs = {"msda_mm forward": (lambda: multi_scale_deformable_attention(
-                value, inputs.spatial_shapes, inputs.level_start_index,
+            runs = {"msda_mm forward": (lambda inputs=inputs: multi_scale_deformable_attention(
+                inputs.value, inputs.spatial_shapes, inputs.level_start_index,
                 inputs.sampling_locations, inputs.attention_weights), nbytes)}
             for bq, br, nw in args.tiles:
                 runs[f"gather {bq}x{br}x{nw}"] = (
-                    lambda bq=bq, br=br, nw=nw: gather_sum(value, rows, bq, br, nw), nbytes)
+                    lambda bq=bq, br=br, nw=nw, value=value, rows=rows:
+                    gather_sum(value, rows, bq, br, nw), nbytes)
             # 1 x 64 rows x 1 warp: the fastest of 3 tiles on the H200 (docs/design.md).
             for order, shuffle in (("shuffled", True), ("sorted", False)):
                 once = distinct_rows(rows, 64, shuffle)
                 runs[f"distinct rows once, {order}"] = (
-                    lambda once=once: gather_sum(value, once, 1, 64),
+                    lambda once=once, value=value: gather_sum(value, once, 1, 64),
                     once.numel() * value.shape[-1] * value.element_size())
             runs.update(_backward_runs(inputs, rows, args.scatter_tiles))
             for kernel, (fn, moved) in runs.items():

@@ -22,13 +22,12 @@ from unittest import mock
 
 import torch
 
+from msda_mm.bench.inputs import MSDAInputs
+from msda_mm.bench.timing import autograd_floor_us, eager_times_us
 from msda_mm.ops import kernels, launch, multi_scale_deformable_attention
 from msda_mm.ops.fast_launch import FastLaunch
 from msda_mm.ops.msda import resolve_fp32_grad_accum
 from msda_mm.ops.validate import check_inputs
-
-from msda_mm.bench.inputs import MSDAInputs
-from msda_mm.bench.timing import autograd_floor_us, eager_times_us
 from research.scatter import zeroed
 
 # launch.py's kernels, by the names it launches them under.

@@ -19,7 +19,6 @@ from msda_mm.compat import MMCV_LITE
 # isort: split
 # After msda_mm, whose mmcv-lite shims make it importable.
 from mmcv.ops import multi_scale_deform_attn
-
 from mmcv_fakes import fake_build, pretend_gpu
 
 TOOL = Path(__file__).resolve().parents[1] / "tools" / "benchmark.py"

@@ -26,9 +26,8 @@ from msda_mm.models import TritonMSDeformAttn
 # isort: split
 # After msda_mm, whose mmcv-lite shims make these importable.
 from mmcv.ops import MultiScaleDeformableAttention, multi_scale_deform_attn
-from mmdet.registry import MODELS
-
 from mmcv_fakes import fake_build, pretend_gpu
+from mmdet.registry import MODELS
 
 ROOT = Path(__file__).resolve().parents[1]
 TOOLS = ROOT / "tools"

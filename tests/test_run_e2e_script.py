@@ -156,7 +156,7 @@ def test_warmup_configs_copy_the_synthetic_configs_multistep_lr():
 
     from mmengine.config import Config
     line = re.search(r"dict\(type='MultiStepLR'[^)]*\)", SCRIPT.read_text()).group(0)
-    written = eval(line, {"dict": dict})  # noqa: S307 - a literal from our own script
+    written = eval(line, {"dict": dict})  # a literal from our own script
     for name in ("dino_r50_synthetic_bf16.py", "dino_r50_synthetic_fp32.py"):
         base = Config.fromfile(str(ROOT / "configs/synthetic" / name)).param_scheduler[0]
         assert dict(base) == written, name
@@ -192,6 +192,7 @@ def test_every_keep_fp32_variant_names_submodules_of_dino():
     from mmengine.config import Config
 
     from msda_mm.engine import keep_fp32
+
     from plugin.detr_configs import build_detector
 
     table = subprocess.run(
@@ -199,9 +200,10 @@ def test_every_keep_fp32_variant_names_submodules_of_dino():
                        'for v in "${!KEEP_FP32[@]}"; do echo "$v=${KEEP_FP32[$v]}"; done'],
         capture_output=True, text=True, check=True).stdout.split()
     variants = dict(line.split("=", 1) for line in table)
-    assert {"bf16_fp32head", "bf16_fp32transformer", "bf16_fp32cnnhead", "bf16_fp32all"} <= set(variants)
+    assert {"bf16_fp32head", "bf16_fp32transformer", "bf16_fp32cnnhead",
+            "bf16_fp32all"} <= set(variants)
     model = build_detector(Config.fromfile(str(ROOT / "configs/synthetic/dino_tiny_cpu.py")).model)
-    for variant, paths in variants.items():
+    for paths in variants.values():
         for handle in keep_fp32(model, paths.split(",")):
             handle.remove()
     # The control keeps every submodule in fp32: none may be left in bf16.

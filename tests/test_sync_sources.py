@@ -11,15 +11,15 @@ from msda_mm.e2e import syncs
 
 
 def _waits_twice():
-    warnings.warn(f"{syncs.SYNC_WARNING}, but the sync debug mode is set to warn")
-    warnings.warn(f"{syncs.SYNC_WARNING}, but the sync debug mode is set to warn")
+    warnings.warn(f"{syncs.SYNC_WARNING}, but the sync debug mode is set to warn", stacklevel=1)
+    warnings.warn(f"{syncs.SYNC_WARNING}, but the sync debug mode is set to warn", stacklevel=1)
 
 
 def test_each_sync_warning_is_counted_at_its_caller_and_others_still_shown(recwarn):
     with syncs._counting_sync_warnings() as counts:
         for _ in range(3):  # Python would show a warning once per place
             _waits_twice()
-        warnings.warn("an unrelated warning")
+        warnings.warn("an unrelated warning", stacklevel=1)
     # Two lines of _waits_twice, three waits each.
     assert sorted(counts.values()) == [3, 3], counts
     assert all("test_sync_sources.py(" in f and f.endswith("): _waits_twice") for f in counts)

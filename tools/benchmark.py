@@ -88,8 +88,14 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     from msda_mm.bench.cell import METHOD
     from msda_mm.bench.plot import plot_times
-    from msda_mm.bench.report import (console_table, device_name, environment, slug,
-                                      write_csv, write_json)
+    from msda_mm.bench.report import (
+        console_table,
+        device_name,
+        environment,
+        slug,
+        write_csv,
+        write_json,
+    )
     from msda_mm.bench.run import Config, run_matrix
     from msda_mm.bench.targets import apply_targets, load_targets
     from msda_mm.bench.timing import autograd_floor_us, graph_floor_us

@@ -102,9 +102,10 @@ def load_config(args: argparse.Namespace) -> Config:
 def uses_amp(optim_wrapper_cfg) -> bool:
     """Whether an ``optim_wrapper`` config autocasts: mmengine's
     AmpOptimWrapper or a subclass of it (msda_mm's SelectiveAmpOptimWrapper)."""
-    import msda_mm  # noqa: F401  (registers SelectiveAmpOptimWrapper; mmcv-lite shims first)
     from mmdet.registry import OPTIM_WRAPPERS
     from mmengine.optim import AmpOptimWrapper
+
+    import msda_mm  # noqa: F401  (registers SelectiveAmpOptimWrapper; mmcv-lite shims first)
 
     wrapper = optim_wrapper_cfg.get("type", "OptimWrapper")
     if isinstance(wrapper, str):
@@ -114,9 +115,10 @@ def uses_amp(optim_wrapper_cfg) -> bool:
 
 def build_runner(cfg: Config):
     """mmengine's Runner, or the registered one a config names in runner_type."""
-    import msda_mm.datasets  # noqa: F401  (registrations, mmcv-lite shims, allow-list)
     from mmengine.registry import RUNNERS
     from mmengine.runner import Runner
+
+    import msda_mm.datasets  # noqa: F401  (registrations, mmcv-lite shims, allow-list)
 
     if "runner_type" in cfg:
         return RUNNERS.build(cfg)

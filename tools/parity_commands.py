@@ -15,8 +15,8 @@ from common import build_runner, config_namespace, load_config
 from train import check_precision
 
 # isort: split
-from msda_mm.e2e import compare, gradients, kernel_check, training
 from msda_mm.compat.mmcv_cuda_build import BuildError
+from msda_mm.e2e import compare, gradients, kernel_check, training
 from msda_mm.e2e.attention import OPS, describe, mmcv_side, recorded_outputs, use_op
 from msda_mm.e2e.cli import model_device, write_json
 from msda_mm.e2e.plot import plot_loss_curves

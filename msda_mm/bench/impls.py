@@ -74,8 +74,8 @@ def tiled(impl: str) -> tuple[str, dict]:
         if kind == "pairs" and len(fwd) != 2:
             raise ValueError
     except ValueError:
-        raise ValueError(f"tile spec {spec!r}: expected "
-                         "FWD_BQxWARPS[xBLOCK_P] or pFWD_BQxWARPS, BWD_BQxWARPS[xBLOCK_P]") from None
+        raise ValueError(f"tile spec {spec!r}: expected FWD_BQxWARPS[xBLOCK_P] or "
+                         "pFWD_BQxWARPS, BWD_BQxWARPS[xBLOCK_P]") from None
     return base, {kind: fwd, "bwd": bwd}
 
 

@@ -28,7 +28,6 @@ from types import ModuleType
 from typing import Callable, Iterator, Mapping, Optional
 
 import torch
-
 from mmcv.ops import multi_scale_deform_attn
 
 from . import ext_stub, mmcv_cuda_build, mmcv_msda

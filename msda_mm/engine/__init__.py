@@ -5,6 +5,7 @@ from .checkpoint_integrity import DamagedCheckpointError, checkpoint_problem
 from .compile_submodules_hook import CompileSubmodulesHook, compile_submodules
 from .fp32_modules import keep_fp32
 from .merged_groups_constructor import MergedGroupsOptimWrapperConstructor
+from .num_threads_hook import NumThreadsHook
 from .selective_amp_optim_wrapper import SelectiveAmpOptimWrapper
 from .verified_backend import VerifiedLocalBackend
 from .verified_checkpoint_hook import VerifiedCheckpointHook
@@ -12,5 +13,5 @@ from .verified_checkpoint_hook import VerifiedCheckpointHook
 allow_mmengine_checkpoints()
 
 __all__ = ["CompileSubmodulesHook", "DamagedCheckpointError", "MergedGroupsOptimWrapperConstructor",
-           "SelectiveAmpOptimWrapper", "VerifiedCheckpointHook", "VerifiedLocalBackend",
-           "checkpoint_problem", "compile_submodules", "keep_fp32"]
+           "NumThreadsHook", "SelectiveAmpOptimWrapper", "VerifiedCheckpointHook",
+           "VerifiedLocalBackend", "checkpoint_problem", "compile_submodules", "keep_fp32"]

@@ -44,7 +44,8 @@ class SelectiveAmpOptimWrapper(AmpOptimWrapper):
         module = unwrapped(model)
         if self._hooked is not module:
             if self._hooked is not None:
-                raise RuntimeError("SelectiveAmpOptimWrapper serves one model; it was given a second")
+                raise RuntimeError(
+                    "SelectiveAmpOptimWrapper serves one model; it was given a second")
             # mmengine's autocast also runs on NPU, MLU and MUSA, where the
             # modules would silently stay in the low precision.
             if self.fp32_modules and get_device() not in ("cuda", "cpu"):

@@ -5,10 +5,9 @@ from __future__ import annotations
 import glob
 import os.path as osp
 
+from mmdet.registry import HOOKS
 from mmengine.hooks import CheckpointHook
 from mmengine.runner.checkpoint import find_latest_checkpoint
-
-from mmdet.registry import HOOKS
 
 from .checkpoint_integrity import DamagedCheckpointError, checkpoint_problem
 from .verified_backend import BACKEND

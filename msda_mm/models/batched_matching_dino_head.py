@@ -45,12 +45,15 @@ from .. import compat  # noqa: F401  (first: on mmcv-lite, mmdet.models imports 
 from mmdet.models.dense_heads import DINOHead
 from mmdet.models.losses import QualityFocalLoss
 from mmdet.models.task_modules.assigners import HungarianAssigner
-from mmdet.models.task_modules.assigners.match_cost import (BBoxL1Cost, ClassificationCost,
-                                                            FocalLossCost, IoUCost)
+from mmdet.models.task_modules.assigners.match_cost import (
+    BBoxL1Cost,
+    ClassificationCost,
+    FocalLossCost,
+    IoUCost,
+)
 from mmdet.registry import MODELS
 from mmdet.structures.bbox import bbox_cxcywh_to_xyxy, bbox_xyxy_to_cxcywh
 from mmdet.utils import InstanceList, reduce_mean
-
 
 # Match costs whose entry for a (query, GT) pair is computed from that pair's
 # own inputs by elementwise operations (BBoxL1Cost once its inputs are

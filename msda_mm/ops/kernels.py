@@ -215,7 +215,8 @@ def msda_fwd_kernel(
     L: tl.constexpr, K: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_P: tl.constexpr,
     BLOCK_D: tl.constexpr, ACC: tl.constexpr, SOFTMAX: tl.constexpr,
 ):
-    """out[b, q, m, :] = sum_{l,k} attn[b,q,m,l,k] * bilinear(value[b, level l, m, :], loc[b,q,m,l,k]).
+    """out[b, q, m, :] =
+        sum_{l,k} attn[b,q,m,l,k] * bilinear(value[b, level l, m, :], loc[b,q,m,l,k]).
 
     value (B, S, M, D); loc (B, Q, M, L, K, 2); attn (B, Q, M, L, K);
     out (B, Q, M, D); shapes (L, 2) int (H, W); starts (L,) int.

@@ -266,8 +266,8 @@ def _fixed_to_float(acc: torch.Tensor, bound: torch.Tensor, dtype: torch.dtype,
 
 def msda_backward(grad_output, value, spatial_shapes, level_start_index, sampling_locations,
                   attention_weights, fp32_grad_accum: bool, deterministic: bool = False):
-    """Non-empty inputs only.  grad_output (B, Q, M * D).  Returns (grad_value, grad_loc, grad_attn),
-    each contiguous in its input's dtype and shape.
+    """Non-empty inputs only.  grad_output (B, Q, M * D).  Returns (grad_value,
+    grad_loc, grad_attn), each contiguous in its input's dtype and shape.
 
     fp32_grad_accum: accumulate grad_value in an fp32 scratch buffer and
     round once at the end instead of atomically adding in value's dtype.

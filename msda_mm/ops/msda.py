@@ -110,7 +110,8 @@ def _forward_impl(value, spatial_shapes, level_start_index, sampling_locations,
 def _backward_impl(grad_output, value, spatial_shapes, level_start_index, sampling_locations,
                    attention_weights, fp32_grad_accum, deterministic):
     if _is_empty(value, sampling_locations):
-        return (value.new_zeros(value.shape), sampling_locations.new_zeros(sampling_locations.shape),
+        return (value.new_zeros(value.shape),
+                sampling_locations.new_zeros(sampling_locations.shape),
                 attention_weights.new_zeros(attention_weights.shape))
     _require_triton(value)
     if resolve_deterministic(deterministic):

@@ -5,11 +5,11 @@ interpreter)."""
 import pytest
 import torch
 
-from research.gather import corner_rows, distinct_rows, gather_sum
 from msda_mm.bench.inputs import make_inputs
 from msda_mm.bench.presets import PRESETS
-from research.scatter import scatter_add
 from msda_mm.ops import msda_reference
+from research.gather import corner_rows, distinct_rows, gather_sum
+from research.scatter import scatter_add
 
 
 def test_rows_are_the_bilinear_corners():
@@ -29,7 +29,8 @@ def test_rows_are_the_bilinear_corners():
     named = torch.zeros_like(touched)
     named.scatter_(1, rows.long(), True)
     assert (touched & ~named).sum() == 0  # every row the op reads is named
-    assert rows.dtype == torch.int32 and rows.shape[1] == inputs.sampling_locations[0, 0, 0].numel() * 2
+    assert rows.dtype == torch.int32
+    assert rows.shape[1] == inputs.sampling_locations[0, 0, 0].numel() * 2
 
 
 @pytest.mark.parametrize("shuffle", [True, False])

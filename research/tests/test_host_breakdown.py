@@ -4,16 +4,15 @@ the "no launch" pieces really launch nothing, and the tool writes its JSON
 import json
 import runpy
 from pathlib import Path
-
 from unittest import mock
 
 import pytest
 import torch
 
-from research import host
 from msda_mm.bench.inputs import make_inputs
 from msda_mm.bench.presets import PRESETS
 from msda_mm.ops import launch
+from research import host
 
 
 def _main(argv):

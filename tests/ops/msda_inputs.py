@@ -6,7 +6,7 @@ import random
 import pytest
 import torch
 
-from msda_mm import multi_scale_deformable_attention, msda_reference
+from msda_mm import msda_reference, multi_scale_deformable_attention
 
 # On the CPU the Triton kernels run in the interpreter (tests/conftest.py);
 # the same tests run the compiled kernels on the GPU.

@@ -121,11 +121,16 @@ def _attention_inputs(embed_dims=64, levels=((12, 10), (6, 5)), B=2, Q=20):
 def _counting(kernels) -> tuple[types.ModuleType, list]:
     """The built kernels in a module that records each call's name: which ran."""
     calls, module = [], types.ModuleType("counting")
+    def counting(name):
+        fn = getattr(kernels, name)
+
+        def counted(*args, **kwargs):
+            calls.append(name)
+            return fn(*args, **kwargs)
+        return counted
+
     for name in mmcv_cuda_build.OPS:
-        def counted(*args, _fn=getattr(kernels, name), _name=name, **kwargs):
-            calls.append(_name)
-            return _fn(*args, **kwargs)
-        setattr(module, name, counted)
+        setattr(module, name, counting(name))
     return module, calls
 
 

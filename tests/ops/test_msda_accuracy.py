@@ -83,8 +83,9 @@ def test_exact_grid_points(device, where):
     loc = args["sampling_locations"]
     for lvl, (h, w) in enumerate([(4, 5), (2, 3)]):
         shift = 0.5 if where == "centres" else 0.0
-        loc[..., lvl, :, 0] = (torch.randint(0, w + 1, loc[..., lvl, :, 0].shape, generator=g) + shift) / w
-        loc[..., lvl, :, 1] = (torch.randint(0, h + 1, loc[..., lvl, :, 1].shape, generator=g) + shift) / h
+        for axis, size in ((0, w), (1, h)):
+            ints = torch.randint(0, size + 1, loc[..., lvl, :, axis].shape, generator=g)
+            loc[..., lvl, :, axis] = (ints + shift) / size
     assert_close_to_reference(args, device, seed)
 
 

@@ -10,10 +10,11 @@ kernels); more seeds showed the lag in both kinds of run.
 """
 import pytest
 import torch
-from msda_inputs import make_inputs
 
 from msda_mm.e2e.kernel_check import compare_to_fp32
 from msda_mm.ops import launch
+
+from msda_inputs import make_inputs
 
 
 def _inputs(B, Q, M, D, shapes, K, device):

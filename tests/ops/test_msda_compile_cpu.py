@@ -3,8 +3,9 @@ with fullgraph=True, no graph break without it, the eager numbers."""
 import torch
 from torch._dynamo.testing import CompileCounter
 
-from msda_inputs import FLOAT_INPUTS, make_inputs, run_op
 from msda_mm import multi_scale_deformable_attention as msda
+
+from msda_inputs import FLOAT_INPUTS, make_inputs, run_op
 
 
 def test_reference_op_compiles_to_one_graph_with_eager_numbers(reference_backend):

@@ -5,8 +5,9 @@ properties at realistic shapes on the GPU: test_msda_deterministic_gpu.py."""
 import pytest
 import torch
 
-from msda_inputs import FLOAT_INPUTS, FLOOR, make_inputs, reference_fn, rel_err, run_op
 from msda_mm.ops import launch
+
+from msda_inputs import FLOAT_INPUTS, FLOOR, make_inputs, reference_fn, rel_err, run_op
 
 DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
 # One rounding of the stored 16-bit result: the fixed-point and the fp32

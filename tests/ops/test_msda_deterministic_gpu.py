@@ -2,11 +2,12 @@
 atomics collide by the thousand (run: python -m pytest -m gpu tests)."""
 import pytest
 import torch
+from test_msda_deterministic import ONE_ROUNDING, assert_equal, errors, permuted
 
-from msda_inputs import FLOAT_INPUTS, make_inputs, run_op
 from msda_mm import multi_scale_deformable_attention as msda
 from msda_mm.ops import launch
-from test_msda_deterministic import ONE_ROUNDING, assert_equal, errors, permuted
+
+from msda_inputs import FLOAT_INPUTS, make_inputs, run_op
 
 pytestmark = pytest.mark.gpu
 

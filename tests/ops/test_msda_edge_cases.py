@@ -2,8 +2,9 @@
 import pytest
 import torch
 
-from msda_inputs import DEVICES, FLOAT_INPUTS, make_inputs, run_op
 from msda_mm import msda_reference
+
+from msda_inputs import DEVICES, FLOAT_INPUTS, make_inputs, run_op
 
 
 def _on(args, device):

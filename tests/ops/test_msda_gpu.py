@@ -2,10 +2,11 @@
 import pytest
 import torch
 
-from msda_inputs import FLOAT_INPUTS, make_inputs, rel_err, run_op
-from msda_mm import multi_scale_deformable_attention as msda
 from msda_mm import msda_reference
+from msda_mm import multi_scale_deformable_attention as msda
 from msda_mm.ops import level_start_index_from_shapes
+
+from msda_inputs import FLOAT_INPUTS, make_inputs, rel_err, run_op
 
 pytestmark = pytest.mark.gpu
 

@@ -5,12 +5,13 @@ starts are derived from the shapes on the device, never read."""
 import pytest
 import torch
 
-from msda_inputs import make_inputs, rel_err
 from msda_mm import msda_reference
 from msda_mm import multi_scale_deformable_attention as msda
 from msda_mm.ops import level_start_index_from_shapes
 from msda_mm.ops import msda as msda_module
 from msda_mm.ops.level_starts import level_starts_on_device
+
+from msda_inputs import make_inputs, rel_err
 
 BACKENDS = ["interp", "reference"]
 # make_inputs' levels (4, 5) and (2, 3): S = 26, starts [0, 20].

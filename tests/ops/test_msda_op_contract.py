@@ -6,11 +6,12 @@ import warnings
 import pytest
 import torch
 
-from msda_inputs import DEVICES, FLOAT_INPUTS, make_inputs, run_op
 from msda_mm import multi_scale_deformable_attention as msda
-from msda_mm.ops import msda as msda_module
 from msda_mm.ops import launch
+from msda_mm.ops import msda as msda_module
 from msda_mm.ops.reference import level_start_index_from_shapes
+
+from msda_inputs import DEVICES, FLOAT_INPUTS, make_inputs, run_op
 
 
 def _on(args, device):

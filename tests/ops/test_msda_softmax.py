@@ -6,9 +6,10 @@ query blocks and extreme logits."""
 import pytest
 import torch
 
-from msda_inputs import DEVICES, assert_close_to_reference, make_inputs, reference_fn, run_op
 from msda_mm import multi_scale_deformable_attention as msda
 from msda_mm.ops import launch, point_softmax
+
+from msda_inputs import DEVICES, assert_close_to_reference, make_inputs, reference_fn, run_op
 
 
 def softmax_reference(value, spatial_shapes, level_start_index, loc, logits):

@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 import torch
 
-from msda_inputs import make_inputs
 from msda_mm import multi_scale_deformable_attention as msda
 
+from msda_inputs import make_inputs
 
 CASES = [
     # (override builder, exception, words the message must contain)

@@ -2,9 +2,9 @@
 msda_mm has stubbed mmcv._ext)."""
 import pytest
 import torch
+from mmcv.ops.multi_scale_deform_attn import multi_scale_deformable_attn_pytorch
 
 import msda_mm  # noqa: F401  (mmcv-lite shims before mmcv.ops is imported)
-from mmcv.ops.multi_scale_deform_attn import multi_scale_deformable_attn_pytorch
 
 from msda_inputs import DEVICES, FLOAT_INPUTS, make_inputs, rel_err, run_op
 

@@ -7,7 +7,7 @@ from mmengine.logging import MMLogger
 
 # Before any test module here imports mmcv.ops or mmdet.models: on mmcv-lite
 # they are importable only once msda_mm has installed its mmcv._ext stub.
-import msda_mm  # noqa: F401
+import msda_mm  # noqa: F401  (registrations and mmcv-lite shims)
 
 
 @pytest.fixture(autouse=True)

@@ -9,12 +9,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from mmcv_fakes import FAKE_SOURCES, THC, fake_build, fake_sdist, member, pretend_gpu
 
 from msda_mm.compat import mmcv_cuda_build
 from msda_mm.compat.mmcv_cuda_build import BuildError
 from msda_mm.compat.mmcv_sdist import SOURCES, SdistError, extract_sources, sdist_url
-
-from mmcv_fakes import FAKE_SOURCES, THC, fake_build, fake_sdist, member, pretend_gpu
 
 ATEN = "#include <ATen/cuda/Atomic.cuh>"
 PATCHED = ("pytorch/cuda/ms_deform_attn_cuda.cu", "common/pytorch_cuda_helper.hpp")

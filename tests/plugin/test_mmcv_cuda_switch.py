@@ -9,11 +9,10 @@ import types
 
 import pytest
 import torch
+from mmcv_fakes import fake_build, pretend_gpu
 
 import msda_mm
 from msda_mm.compat import MMCV_LITE, ext_stub, mmcv_cuda_build, mmcv_cuda_switch
-
-from mmcv_fakes import fake_build, pretend_gpu
 
 # isort: split
 from mmcv.ops import multi_scale_deform_attn

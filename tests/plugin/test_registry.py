@@ -37,7 +37,8 @@ def test_layer_attention_builder():
 
 def test_grounding_dino_decoder_layer_honours_type():
     from mmdet.models.layers.transformer.grounding_dino_layers import (
-        GroundingDinoTransformerDecoderLayer)
+        GroundingDinoTransformerDecoderLayer,
+    )
     attn = dict(embed_dims=256, num_levels=4, batch_first=True)
     layer = GroundingDinoTransformerDecoderLayer(
         cross_attn_cfg={**attn, "type": "TritonMSDeformAttn"})

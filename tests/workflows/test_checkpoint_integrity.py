@@ -10,8 +10,12 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from msda_mm.engine import (DamagedCheckpointError, VerifiedCheckpointHook, checkpoint_problem,
-                            verified_backend)
+from msda_mm.engine import (
+    DamagedCheckpointError,
+    VerifiedCheckpointHook,
+    checkpoint_problem,
+    verified_backend,
+)
 from msda_mm.engine.checkpoint_integrity import digest_path
 from msda_mm.engine.verified_backend import VerifiedLocalBackend
 

@@ -105,10 +105,13 @@ def marker(num_train: int, num_val: int, size: Sequence[int], seed: int) -> dict
 
 
 def _check_ours(out: Path) -> None:
-    """ValueError unless ``out`` is missing, empty, or this writer's."""
-    if not out.is_dir() or (out / MARKER).exists() or (out / CLAIM).exists():
+    """ValueError unless ``out`` is missing, empty (but for the lock), or
+    this writer's (one listing, so that a claim made meanwhile is seen with
+    the files written after it)."""
+    names = {p.name for p in out.iterdir()} if out.is_dir() else set()
+    if MARKER in names or CLAIM in names:
         return
-    found = sorted(p.name for p in out.iterdir() if p.name != LOCK)
+    found = sorted(names - {LOCK})
     if found:
         raise ValueError(f"{out} is not empty and has no {MARKER} of msda_mm's synthetic data "
                          f"writer (found {found[0]!r} and {len(found) - 1} other entries): "
@@ -131,7 +134,8 @@ def generate(out: str | os.PathLike, num_train: int, num_val: int, size: Sequenc
              seed: int = 0, workers: int | None = None) -> None:
     """Write both splits under ``out`` (empty, missing, or a tree of this
     writer's, else ValueError), then the marker recording the arguments:
-    written last, so a tree without it is incomplete."""
+    written last, so a tree without it is incomplete.  No lock: one writer
+    at a time (ensure_generated serialises them)."""
     out = Path(out)
     size = (int(size[0]), int(size[1]))
     if min(size) < 32:
@@ -140,7 +144,7 @@ def generate(out: str | os.PathLike, num_train: int, num_val: int, size: Sequenc
         raise ValueError(f"synthetic images must be at least 32 x 32, got {size}")
     _check_ours(out)
     out.mkdir(parents=True, exist_ok=True)
-    _write_atomic(out / CLAIM, b"")
+    (out / CLAIM).touch()
     (out / MARKER).unlink(missing_ok=True)  # before the first file changes
     for split, num in zip(SPLITS, (num_train, num_val), strict=True):
         generate_split(out, split, num, size, seed, workers)
@@ -163,10 +167,17 @@ def ensure_generated(out: str | os.PathLike, num_train: int, num_val: int,
     """
     out = Path(out)
     want = marker(num_train, num_val, size, seed)
-    _check_ours(out)  # before the lock file goes in
     out.mkdir(parents=True, exist_ok=True)
-    with open(out / LOCK, "w") as lock:
+    lock_path = out / LOCK
+    new_lock = not lock_path.exists()
+    with open(lock_path, "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            _check_ours(out)  # under the lock: no other writer is half way
+        except ValueError:
+            if new_lock:  # leave a folder that is not ours as it was
+                lock_path.unlink(missing_ok=True)
+            raise
         have = _read_marker(out)
         if have is None:
             generate(out, num_train, num_val, size, seed, workers)
