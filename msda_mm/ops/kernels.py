@@ -189,6 +189,19 @@ def _sample_chunk(p0, b, m, q, qmask, shapes_ptr, starts_ptr, loc_ptr, attn_ptr,
 
 
 @triton.jit
+def _chunk_logits(p0, b, m, q, qmask, attn_ptr, stride_ab, stride_aq, stride_am, stride_al,
+                  stride_ak, L: tl.constexpr, K: tl.constexpr, BLOCK_P: tl.constexpr,
+                  ACC: tl.constexpr):
+    """[BLOCK_Q, BLOCK_P] logits of points p0 .. p0 + BLOCK_P (-inf where not
+    live), the live mask and the (l, k) offsets."""
+    l, k, pmask = _chunk_points(p0, L, K, BLOCK_P)
+    live = qmask[:, None] & pmask[None, :]
+    logits = tl.load(_point_ptrs(attn_ptr, b, q, m, l, k, stride_ab, stride_aq, stride_am,
+                                 stride_al, stride_ak), mask=live, other=float("-inf"))
+    return logits.to(ACC), live, l, k
+
+
+@triton.jit
 def _max_logit(b, m, q, qmask, attn_ptr, stride_ab, stride_aq, stride_am, stride_al,
                stride_ak, L: tl.constexpr, K: tl.constexpr, BLOCK_P: tl.constexpr,
                ACC: tl.constexpr):
@@ -196,12 +209,34 @@ def _max_logit(b, m, q, qmask, attn_ptr, stride_ab, stride_aq, stride_am, stride
     chunks of BLOCK_P points; 0 for masked queries, so their exps stay finite."""
     row_max = tl.full(q.shape, float("-inf"), ACC)
     for p0 in range(0, L * K, BLOCK_P):
-        l, k, pmask = _chunk_points(p0, L, K, BLOCK_P)
-        logits = tl.load(_point_ptrs(attn_ptr, b, q, m, l, k, stride_ab, stride_aq, stride_am,
-                                     stride_al, stride_ak),
-                         mask=qmask[:, None] & pmask[None, :], other=float("-inf"))
-        row_max = tl.maximum(row_max, tl.max(logits.to(ACC), axis=1))
+        logits, _, _, _ = _chunk_logits(p0, b, m, q, qmask, attn_ptr, stride_ab, stride_aq,
+                                        stride_am, stride_al, stride_ak, L, K, BLOCK_P, ACC)
+        row_max = tl.maximum(row_max, tl.max(logits, axis=1))
     return tl.where(qmask, row_max, 0.0)
+
+
+@triton.jit
+def _point_exps(logits, live, row_max):
+    """exp(logit - row max) of a [BLOCK_Q, BLOCK_P] tile: the unnormalised
+    softmax weights, 0 (exp(-inf)) at points past L * K and masked queries."""
+    return tl.exp(tl.where(live, logits - row_max[:, None], float("-inf")))
+
+
+@triton.jit
+def _softmax_stats(b, m, q, qmask, attn_ptr, stride_ab, stride_aq, stride_am, stride_al,
+                   stride_ak, L: tl.constexpr, K: tl.constexpr, BLOCK_P: tl.constexpr,
+                   ACC: tl.constexpr):
+    """[BLOCK_Q] row max and 1 / sum of exps of each query's L * K logits:
+    two passes over them, so that the backward's main loop gets the softmax
+    weights themselves.  Masked queries get 1 / 1 (they are never stored)."""
+    row_max = _max_logit(b, m, q, qmask, attn_ptr, stride_ab, stride_aq, stride_am, stride_al,
+                         stride_ak, L, K, BLOCK_P, ACC)
+    row_sum = tl.zeros_like(row_max)
+    for p0 in range(0, L * K, BLOCK_P):
+        logits, live, _, _ = _chunk_logits(p0, b, m, q, qmask, attn_ptr, stride_ab, stride_aq,
+                                           stride_am, stride_al, stride_ak, L, K, BLOCK_P, ACC)
+        row_sum += tl.sum(_point_exps(logits, live, row_max), axis=1)
+    return row_max, 1.0 / tl.where(qmask, row_sum, 1.0)
 
 
 @triton.jit
@@ -241,7 +276,7 @@ def msda_fwd_kernel(
             stride_ab, stride_aq, stride_am, stride_al, stride_ak, L, K, BLOCK_P, ACC)
         if SOFTMAX:
             # Points past L * K and masked queries weigh exp(-inf) = 0.
-            w = tl.exp(tl.where(live, w - row_max[:, None], float("-inf")))
+            w = _point_exps(w, live, row_max)
             row_sum += tl.sum(w, axis=1)
         v00, v01, v10, v11 = _load_corners(v_base, i00, W, m00, m01, m10, m11, stride_vs,
                                            offs_d, stride_vd, dmask, ACC)
@@ -401,9 +436,40 @@ def _grad_value_terms(c, go, e, gv_ty: tl.constexpr, ACC: tl.constexpr):
 
 
 @triton.jit
+def _point_softmax(logits, live, row_max, inv_sum):
+    """The softmax weights p of a [BLOCK_Q, BLOCK_P] tile of logits, from
+    _softmax_stats' row max and 1 / sum (0 where not live)."""
+    return _point_exps(logits, live, row_max) * inv_sum[:, None]
+
+
+@triton.jit
+def _softmax_backward(b, m, q, qmask, attn_ptr, grad_attn_ptr, grad_logit_ptr, row_max, inv_sum,
+                      dot, stride_ab, stride_aq, stride_am, stride_al, stride_ak,
+                      stride_gab, stride_gaq, stride_gam, stride_gal, stride_gak,
+                      L: tl.constexpr, K: tl.constexpr, BLOCK_P: tl.constexpr,
+                      ACC: tl.constexpr):
+    """grad_logit = p * (g - dot) at this program's live points, where g is
+    the gradient for the softmax weights p that the main loop stored in
+    grad_attn, dot each row's sum of p * g, and p is recomputed from the
+    logits.  grad_logit has grad_attn's strides (it may be grad_attn itself:
+    each element is read and written by the same thread)."""
+    # Other threads of the CTA stored the g of these points: make them visible.
+    tl.debug_barrier()
+    for p0 in range(0, L * K, BLOCK_P):
+        logits, live, l, k = _chunk_logits(p0, b, m, q, qmask, attn_ptr, stride_ab, stride_aq,
+                                           stride_am, stride_al, stride_ak, L, K, BLOCK_P, ACC)
+        p = _point_softmax(logits, live, row_max, inv_sum)
+        g = tl.load(_point_ptrs(grad_attn_ptr, b, q, m, l, k, stride_gab, stride_gaq,
+                                stride_gam, stride_gal, stride_gak), mask=live, other=0.0)
+        tl.store(_point_ptrs(grad_logit_ptr, b, q, m, l, k, stride_gab, stride_gaq, stride_gam,
+                             stride_gal, stride_gak),
+                 (p * (g.to(ACC) - dot[:, None])).to(grad_logit_ptr.dtype.element_ty), mask=live)
+
+
+@triton.jit
 def msda_bwd_kernel(
     grad_out_ptr, value_ptr, shapes_ptr, starts_ptr, loc_ptr, attn_ptr,
-    grad_value_ptr, grad_loc_ptr, grad_attn_ptr, bound_ptr,
+    grad_value_ptr, grad_loc_ptr, grad_attn_ptr, bound_ptr, grad_logit_ptr,
     Q, S, D: tl.constexpr,
     stride_gob, stride_goq, stride_gom, stride_god,
     stride_vb, stride_vs, stride_vm, stride_vd,
@@ -413,7 +479,7 @@ def msda_bwd_kernel(
     stride_glb, stride_glq, stride_glm, stride_gll, stride_glk, stride_glc,
     stride_gab, stride_gaq, stride_gam, stride_gal, stride_gak,
     L: tl.constexpr, K: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_P: tl.constexpr,
-    BLOCK_D: tl.constexpr, ACC: tl.constexpr, PDL: tl.constexpr,
+    BLOCK_D: tl.constexpr, ACC: tl.constexpr, PDL: tl.constexpr, SOFTMAX: tl.constexpr,
 ):
     """All three gradients of msda_fwd_kernel, same tiling and grid.
 
@@ -431,6 +497,12 @@ def msda_bwd_kernel(
     zero_fill_kernel, or PyTorch's fill for fp32): the gathers and the
     grad_loc / grad_attn stores may run while grad_value is still being
     zeroed; the atomics wait for the fill.
+
+    SOFTMAX (not with bound_ptr): attn holds logits, as in msda_fwd_kernel.
+    Two passes over the logits give each row's max and sum of exps, so that
+    the main loop weighs the samples by the softmax weights p; grad_attn
+    (fp32 or fp64) receives the gradient g for p, and a last pass writes the
+    logits' gradient p * (g - sum(p * g)) to grad_logit_ptr (B, Q, M, L, K).
     """
     b, m, q, qmask, offs_d, dmask = _program_tile(Q, D, BLOCK_Q, BLOCK_D)
     dm = dmask[None, None, :]
@@ -446,11 +518,17 @@ def msda_bwd_kernel(
     if bound_ptr is not None:
         e, ok = _fixed_point_exponent(bound_ptr, b, m, ACC)
         go_gv = tl.where(ok, go, 0.0)
+    if SOFTMAX:
+        row_max, inv_sum = _softmax_stats(b, m, q, qmask, attn_ptr, stride_ab, stride_aq,
+                                          stride_am, stride_al, stride_ak, L, K, BLOCK_P, ACC)
+        dot = tl.zeros_like(row_max)
     for p0 in range(0, L * K, BLOCK_P):
         w, lx, ly, i00, m00, m01, m10, m11, W, H, live, l, k = _sample_chunk(
             p0, b, m, q, qmask, shapes_ptr, starts_ptr, loc_ptr, attn_ptr, S,
             stride_lb, stride_lq, stride_lm, stride_ll, stride_lk, stride_lc,
             stride_ab, stride_aq, stride_am, stride_al, stride_ak, L, K, BLOCK_P, ACC)
+        if SOFTMAX:
+            w = _point_softmax(w, live, row_max, inv_sum)
         v00, v01, v10, v11 = _load_corners(v_base, i00, W, m00, m01, m10, m11, stride_vs,
                                            offs_d, stride_vd, dmask, ACC)
         # s_c = <grad_out, corner row c>: everything the location and
@@ -464,6 +542,8 @@ def msda_bwd_kernel(
         g_attn = hy * (hx * s00 + lx * s01) + ly * (hx * s10 + lx * s11)
         g_x = w * W * (hy * (s01 - s00) + ly * (s11 - s10))
         g_y = w * H * (hx * (s10 - s00) + lx * (s11 - s01))
+        if SOFTMAX:
+            dot += tl.sum(w * g_attn, axis=1)
         glp = _point_ptrs(grad_loc_ptr, b, q, m, l, k, stride_glb, stride_glq, stride_glm,
                           stride_gll, stride_glk)
         tl.store(glp, g_x.to(grad_loc_ptr.dtype.element_ty), mask=live)
@@ -487,6 +567,11 @@ def msda_bwd_kernel(
                       mask=m10[:, :, None] & dm, sem="relaxed")
         tl.atomic_add(g10 + stride_gvs, _grad_value_terms(c11, go_gv, e, gv_ty, ACC),
                       mask=m11[:, :, None] & dm, sem="relaxed")
+    if SOFTMAX:
+        _softmax_backward(b, m, q, qmask, attn_ptr, grad_attn_ptr, grad_logit_ptr, row_max,
+                          inv_sum, dot, stride_ab, stride_aq, stride_am, stride_al, stride_ak,
+                          stride_gab, stride_gaq, stride_gam, stride_gal, stride_gak,
+                          L, K, BLOCK_P, ACC)
 
 
 @triton.jit

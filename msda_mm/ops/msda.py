@@ -108,41 +108,40 @@ def _forward_impl(value, spatial_shapes, level_start_index, sampling_locations,
 
 
 def _backward_impl(grad_output, value, spatial_shapes, level_start_index, sampling_locations,
-                   attention_weights, fp32_grad_accum, deterministic):
+                   attention_weights, fp32_grad_accum, deterministic, softmax):
     if _is_empty(value, sampling_locations):
         return (value.new_zeros(value.shape),
                 sampling_locations.new_zeros(sampling_locations.shape),
                 attention_weights.new_zeros(attention_weights.shape))
     _require_triton(value)
     if resolve_deterministic(deterministic):
-        return launch.msda_backward(grad_output, value, spatial_shapes, level_start_index,
-                                    sampling_locations, attention_weights,
-                                    fp32_grad_accum=False, deterministic=True)
+        return _deterministic_backward(grad_output, value, spatial_shapes, level_start_index,
+                                       sampling_locations, attention_weights, softmax)
     _alert_nondeterministic()
     return launch.msda_backward(grad_output, value, spatial_shapes, level_start_index,
                                 sampling_locations, attention_weights,
-                                resolve_fp32_grad_accum(value, fp32_grad_accum))
+                                resolve_fp32_grad_accum(value, fp32_grad_accum),
+                                softmax=softmax)
 
 
-def _backward_through_softmax(backward, grad_output, value, spatial_shapes, level_start_index,
-                              sampling_locations, attention_weights, fp32_grad_accum,
-                              deterministic, softmax):
-    """``backward``'s (grad_value, grad_loc, grad_attn); with ``softmax`` the
-    weights are logits: the backward runs on their point_softmax p and the
-    logits' gradient is softmax's own backward of grad_attn.
+def _deterministic_backward(grad_output, value, spatial_shapes, level_start_index,
+                            sampling_locations, attention_weights, softmax):
+    """The fixed-point backward; with ``softmax`` the weights are logits: it
+    runs on their point_softmax p (its grad_value bound needs the weights),
+    and the logits' gradient is softmax's own backward of grad_attn.
 
-    p is recomputed, not kept from the forward: kept, it would be a second
-    forward output (a store and a pointer the kernels do not have), in fp32
-    where AMP logits are bf16 (twice the saved bytes); recomputing is one
-    softmax over B*Q*M*L*K logits (decoder: 0.6 MB in fp32, against the
-    39 MB of bf16 corner rows the backward gathers)."""
+    The default backward takes the softmax inside its kernel instead; here p
+    is recomputed, not kept from the forward: kept, it would be a second
+    forward output, in fp32 where AMP logits are bf16 (twice the saved bytes)."""
+    def backward(weights):
+        return launch.msda_backward(grad_output, value, spatial_shapes, level_start_index,
+                                    sampling_locations, weights, fp32_grad_accum=False,
+                                    deterministic=True)
+
     if not softmax:
-        return backward(grad_output, value, spatial_shapes, level_start_index,
-                        sampling_locations, attention_weights, fp32_grad_accum, deterministic)
+        return backward(attention_weights)
     p = point_softmax(attention_weights)
-    grad_value, grad_loc, grad_p = backward(grad_output, value, spatial_shapes,
-                                            level_start_index, sampling_locations, p,
-                                            fp32_grad_accum, deterministic)
+    grad_value, grad_loc, grad_p = backward(p)
     # Autograd's own softmax backward, p * (grad_p - sum(p * grad_p)), in p's dtype.
     grad_logits = torch._softmax_backward_data(grad_p.flatten(-2), p.flatten(-2), -1, p.dtype)
     return (grad_value, grad_loc,
@@ -173,16 +172,20 @@ def _(value, spatial_shapes, level_start_index, sampling_locations, attention_we
 def msda_backward(grad_output: Tensor, value: Tensor, spatial_shapes: Tensor,
                   level_start_index: Tensor, sampling_locations: Tensor,
                   attention_weights: Tensor, fp32_grad_accum: Optional[bool],
-                  deterministic: Optional[bool]) -> tuple[Tensor, Tensor, Tensor]:
+                  deterministic: Optional[bool], softmax: bool = False
+                  ) -> tuple[Tensor, Tensor, Tensor]:
     """Returns (grad_value, grad_sampling_locations, grad_attention_weights),
-    contiguous, each in its input's shape and dtype."""
+    contiguous, each in its input's shape and dtype; with softmax,
+    attention_weights are the forward's logits and the last gradient is
+    theirs."""
     return _backward_impl(grad_output, value, spatial_shapes, level_start_index,
-                          sampling_locations, attention_weights, fp32_grad_accum, deterministic)
+                          sampling_locations, attention_weights, fp32_grad_accum, deterministic,
+                          softmax)
 
 
 @msda_backward.register_fake
 def _(grad_output, value, spatial_shapes, level_start_index, sampling_locations,
-      attention_weights, fp32_grad_accum, deterministic):
+      attention_weights, fp32_grad_accum, deterministic, softmax=False):
     return (value.new_empty(value.shape), sampling_locations.new_empty(sampling_locations.shape),
             attention_weights.new_empty(attention_weights.shape))
 
@@ -198,9 +201,8 @@ def _setup_context(ctx, inputs, output):
 
 
 def _backward(ctx, grad_output):
-    grad_value, grad_loc, grad_attn = _backward_through_softmax(
-        msda_backward, grad_output, *ctx.saved_tensors, ctx.fp32_grad_accum, ctx.deterministic,
-        ctx.softmax)
+    grad_value, grad_loc, grad_attn = msda_backward(
+        grad_output, *ctx.saved_tensors, ctx.fp32_grad_accum, ctx.deterministic, ctx.softmax)
     return grad_value, None, None, grad_loc, grad_attn, None, None, None
 
 
@@ -230,9 +232,9 @@ class _EagerMSDA(torch.autograd.Function):
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_output):
-        grad_value, grad_loc, grad_attn = _backward_through_softmax(
-            _backward_impl, grad_output, *ctx.saved_tensors, ctx.fp32_grad_accum,
-            ctx.deterministic, ctx.softmax)
+        grad_value, grad_loc, grad_attn = _backward_impl(
+            grad_output, *ctx.saved_tensors, ctx.fp32_grad_accum, ctx.deterministic,
+            ctx.softmax)
         return grad_value, None, None, grad_loc, grad_attn, None, None, None
 
 
