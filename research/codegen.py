@@ -70,7 +70,7 @@ class Variant:
     fp32_accum: Optional[bool] = None  # bwd: grad_value in an fp32 scratch buffer
     auto: Optional[bool] = None  # bwd: fp32_accum is what the op picks on this arch
     deterministic: bool = False  # bwd: grad_value in int64 fixed point (fp32_accum unused)
-    softmax: bool = False  # forwards: attention weights are logits (SOFTMAX)
+    softmax: bool = False  # attention weights are logits (SOFTMAX; bwd: not deterministic)
 
     @property
     def accum(self) -> str:
@@ -95,10 +95,11 @@ def auto_fp32_accum(dtype: str, arch: int) -> bool:
 
 
 def variants(archs, dtypes, head_dims, kernels=KERNELS, softmax=(False,)) -> list[Variant]:
-    """Forward per (arch, dtype, D) and each of ``softmax``; backward with
-    the auto-selected accumulation and the other one forced, except for
-    fp32 values, where both modes are the same fp32 kernel; then the
-    deterministic backward."""
+    """Per (arch, dtype, D) and each of ``softmax``: the forwards; the
+    backward with the auto-selected accumulation and the other one forced,
+    except for fp32 values, where both modes are the same fp32 kernel; then
+    (without softmax, which that backward does not take) the deterministic
+    backward."""
     out = []
     for arch in archs:
         for dtype in dtypes:
@@ -109,12 +110,14 @@ def variants(archs, dtypes, head_dims, kernels=KERNELS, softmax=(False,)) -> lis
                     # The launcher sends only even head dims to the pairs kernel.
                     if "fwd_pairs" in kernels and dtype != "fp32" and d % 2 == 0:
                         out.append(Variant("fwd_pairs", arch, dtype, d, softmax=fused))
-                if "bwd" in kernels:
-                    auto = auto_fp32_accum(dtype, arch)
-                    out.append(Variant("bwd", arch, dtype, d, auto, True))
-                    if dtype != "fp32":
-                        out.append(Variant("bwd", arch, dtype, d, not auto, False))
-                    out.append(Variant("bwd", arch, dtype, d, False, False, True))
+                    if "bwd" in kernels:
+                        auto = auto_fp32_accum(dtype, arch)
+                        out.append(Variant("bwd", arch, dtype, d, auto, True, softmax=fused))
+                        if dtype != "fp32":
+                            out.append(Variant("bwd", arch, dtype, d, not auto, False,
+                                               softmax=fused))
+                        if not fused:
+                            out.append(Variant("bwd", arch, dtype, d, False, False, True))
     return out
 
 
@@ -156,7 +159,8 @@ def _recorded_launch(v: Variant):
         if v.kernel.startswith("fwd"):
             launch.msda_forward(*inputs, softmax=v.softmax)
         else:
-            launch.msda_backward(empty(B, Q, M * D), *inputs, v.fp32_accum, v.deterministic)
+            launch.msda_backward(empty(B, Q, M * D), *inputs, v.fp32_accum, v.deterministic,
+                                 v.softmax)
     if recorder.call is None:
         raise RuntimeError(f"the launcher did not pick {name} for {v}")
     return (recorder.fn, *recorder.call)

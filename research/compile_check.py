@@ -28,9 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from research import codegen as cc  # noqa: E402
 
-BWD_COLUMNS = ("arch", "dtype", "head_dim", "accum", "ptx_atomics", "sass_atomics", "cas_loop",
-               "pdl_waits",
-               "regs", "spill_stores", "spill_loads", "seconds")
+BWD_COLUMNS = ("arch", "dtype", "head_dim", "accum", "softmax", "ptx_atomics", "sass_atomics",
+               "cas_loop", "pdl_waits", "exps", "regs", "spill_stores", "spill_loads", "seconds")
 FWD_COLUMNS = ("arch", "dtype", "head_dim", "softmax", "ptx_loads", "sass_loads", "exps", "regs",
                "spill_stores", "spill_loads", "seconds")
 
@@ -62,7 +61,7 @@ def main(argv=None) -> int:
     p.add_argument("--head-dims", type=int, nargs="+", default=[cc.SHAPE.head_dim, 24])
     p.add_argument("--kernels", nargs="+", choices=cc.KERNELS, default=list(cc.KERNELS))
     p.add_argument("--softmax", action="store_true",
-                   help="also compile the forwards that take softmax over attention logits")
+                   help="also compile the kernels that take softmax over attention logits")
     p.add_argument("--jobs", type=int, default=os.cpu_count())
     p.add_argument("--json", help="also write the rows to this file")
     p.add_argument("--dump", type=Path, help="write <variant>.ptx and .sass into this folder")

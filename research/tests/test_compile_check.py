@@ -141,6 +141,24 @@ def test_fused_softmax_forward_adds_exps_only(tmp_path):
         assert (row["exps"] > 0) == softmax, row
 
 
+def test_fused_softmax_backward_keeps_its_atomics(tmp_path):
+    # softmax=True (msda_bwd_kernel, the decoder's call, auto accumulation):
+    # exps for the softmax passes, the same grad_value atomics and fill wait
+    # as without it, and no spills.
+    rows = _compile_check(tmp_path / "rows.json", "--archs", "90", "--head-dims", "32",
+                          "--softmax", dtypes=("bf16", "fp32"))
+    by_key = {(r["dtype"], r["softmax"]): r for r in rows if r["auto"] and not r["deterministic"]}
+    assert len(by_key) == 4
+    for (dtype, softmax), row in by_key.items():
+        assert row["error"] is None, row
+        assert row["spill_stores"] == 0 and row["spill_loads"] == 0, row
+        default = by_key[dtype, False]
+        assert row["sass_atomics"] == default["sass_atomics"], row
+        assert row["pdl_waits"] == default["pdl_waits"] == 1, row
+        assert (row["exps"] > 0) == softmax, row
+    assert not any(r["softmax"] and r["deterministic"] for r in rows)
+
+
 def test_corner_bounds_checks_compare_unsigned():
     # _bilinear_corners keeps wrapped int32 indices (shapes that disagree
     # with value) in bounds only if `i.to(uint32) < S` stays an unsigned

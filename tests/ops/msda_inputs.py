@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from msda_mm import msda_reference, multi_scale_deformable_attention
+from msda_mm.ops import point_softmax
 
 # On the CPU the Triton kernels run in the interpreter (tests/conftest.py);
 # the same tests run the compiled kernels on the GPU.
@@ -38,6 +39,14 @@ def make_inputs(B=2, Q=5, M=2, D=8, shapes=((4, 5), (2, 3)), K=2, dtype=torch.fl
     return args, seed
 
 
+def logit_inputs(scale=4.0, **kwargs):
+    """make_inputs with attention logits uniform in [-scale, scale] (for softmax=True)."""
+    args, seed = make_inputs(**kwargs)
+    attn = args["attention_weights"]
+    args["attention_weights"] = ((attn.double() * 2 - 1) * scale).to(attn.dtype)
+    return args, seed
+
+
 FLOAT_INPUTS = ("value", "sampling_locations", "attention_weights")
 
 
@@ -55,6 +64,11 @@ def run_op(args, fn=multi_scale_deformable_attention, grad_out=None, **kw):
 def reference_fn(value, spatial_shapes, level_start_index, loc, attn):
     """The pure-PyTorch reference, output rounded to value's dtype as the op's."""
     return msda_reference(value, spatial_shapes, loc, attn, level_start_index).to(value.dtype)
+
+
+def softmax_reference(value, spatial_shapes, level_start_index, loc, logits):
+    """The reference path of softmax=True: torch's softmax, then the reference."""
+    return reference_fn(value, spatial_shapes, level_start_index, loc, point_softmax(logits))
 
 
 def rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:

@@ -44,9 +44,10 @@ def _op_args(device, dtype=torch.float32):
     return args
 
 
-# softmax travels through the forward op only; the backward op takes the
-# softmax's p as its weights.
-@pytest.mark.parametrize("deterministic,softmax", [(None, False), (True, False), (None, True)])
+# softmax travels through both ops: the backward op takes the logits too
+# (the deterministic one runs on their softmax inside it).
+@pytest.mark.parametrize("deterministic,softmax", [(None, False), (True, False), (None, True),
+                                                   (True, True)])
 @pytest.mark.parametrize("device", DEVICES)
 def test_opcheck_forward_and_backward(device, deterministic, softmax):
     a = _op_args(device)
@@ -55,7 +56,7 @@ def test_opcheck_forward_and_backward(device, deterministic, softmax):
                 None, deterministic, softmax)
     torch.library.opcheck(torch.ops.msda_mm.msda_forward.default, fwd_args)
     grad_out = torch.randn(2, 5, 16, device=device)
-    bwd_args = (grad_out, *(t.detach() for t in fwd_args[:5]), None, deterministic)
+    bwd_args = (grad_out, *(t.detach() for t in fwd_args[:5]), None, deterministic, softmax)
     torch.library.opcheck(torch.ops.msda_mm.msda_backward.default, bwd_args)
 
 
@@ -63,10 +64,9 @@ def test_opcheck_forward_and_backward(device, deterministic, softmax):
 @pytest.mark.parametrize("device", DEVICES)
 def test_torch_compile_fullgraph(device, softmax):
     """No graph break: the op is one opaque node forward and backward (with
-    softmax, the backward's softmax recompute and its gradient are traced
-    around it).  The CPU run uses aot_eager (Inductor's CPU codegen needs a
-    C++ toolchain; the op itself is opaque either way); the GPU run uses
-    Inductor."""
+    softmax too, the logits' gradient taken inside the backward op).  The
+    CPU run uses aot_eager (Inductor's CPU codegen needs a C++ toolchain;
+    the op itself is opaque either way); the GPU run uses Inductor."""
     a = _on(make_inputs()[0], device)
     backend = "inductor" if device == "cuda" else "aot_eager"
 

@@ -7,22 +7,16 @@ import pytest
 import torch
 
 from msda_mm import multi_scale_deformable_attention as msda
-from msda_mm.ops import launch, point_softmax
+from msda_mm.ops import launch
 
-from msda_inputs import DEVICES, assert_close_to_reference, make_inputs, reference_fn, run_op
-
-
-def softmax_reference(value, spatial_shapes, level_start_index, loc, logits):
-    """The reference path of softmax=True: torch's softmax, then the reference."""
-    return reference_fn(value, spatial_shapes, level_start_index, loc, point_softmax(logits))
-
-
-def logit_inputs(scale=4.0, **kwargs):
-    """make_inputs with attention logits uniform in [-scale, scale]."""
-    args, seed = make_inputs(**kwargs)
-    attn = args["attention_weights"]
-    args["attention_weights"] = ((attn.double() * 2 - 1) * scale).to(attn.dtype)
-    return args, seed
+from msda_inputs import (
+    DEVICES,
+    assert_close_to_reference,
+    logit_inputs,
+    make_inputs,
+    run_op,
+    softmax_reference,
+)
 
 
 def check(args, device, seed):

@@ -92,7 +92,7 @@ def _output_and_grads(module, inputs):
 def test_outputs_and_gradients_match_mmcv_both_ways(monkeypatch, backend):
     # mmcv's module takes the attention softmax itself before its PyTorch
     # sampling; ours hands the logits to the op (kernels: the softmax in the
-    # forward kernel, in the interpreter on CPU).  fp64: both compute the
+    # forward and backward kernels, in the interpreter on CPU).  fp64: both compute the
     # same function, so everything agrees to rounding (seen: 2e-15 on values
     # up to 11; a logits gradient that skips the softmax backward is off by 200).
     if backend == "reference":
