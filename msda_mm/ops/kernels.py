@@ -451,8 +451,7 @@ def _softmax_backward(b, m, q, qmask, attn_ptr, grad_attn_ptr, grad_logit_ptr, r
     """grad_logit = p * (g - dot) at this program's live points, where g is
     the gradient for the softmax weights p that the main loop stored in
     grad_attn, dot each row's sum of p * g, and p is recomputed from the
-    logits.  grad_logit has grad_attn's strides (it may be grad_attn itself:
-    each element is read and written by the same thread)."""
+    logits.  grad_logit has grad_attn's strides and may be grad_attn itself."""
     # Other threads of the CTA stored the g of these points: make them visible.
     tl.debug_barrier()
     for p0 in range(0, L * K, BLOCK_P):
@@ -461,6 +460,9 @@ def _softmax_backward(b, m, q, qmask, attn_ptr, grad_attn_ptr, grad_logit_ptr, r
         p = _point_softmax(logits, live, row_max, inv_sum)
         g = tl.load(_point_ptrs(grad_attn_ptr, b, q, m, l, k, stride_gab, stride_gaq,
                                 stride_gam, stride_gal, stride_gak), mask=live, other=0.0)
+        # In place, every thread holding a copy of an element (tiles narrower
+        # than the CTA replicate it, across warps too) reads g before any writes.
+        tl.debug_barrier()
         tl.store(_point_ptrs(grad_logit_ptr, b, q, m, l, k, stride_gab, stride_gaq, stride_gam,
                              stride_gal, stride_gak),
                  (p * (g.to(ACC) - dot[:, None])).to(grad_logit_ptr.dtype.element_ty), mask=live)

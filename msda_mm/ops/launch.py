@@ -287,16 +287,16 @@ def msda_backward(grad_output, value, spatial_shapes, level_start_index, samplin
     _, Q, _, L, K, _ = sampling_locations.shape
     grad_loc = sampling_locations.new_empty(sampling_locations.shape)
     grad_attn = attention_weights.new_empty(attention_weights.shape)
-    grad_logit = None
+    # The kernel stores the weights' gradient g in g_attn; with softmax, the
+    # logits' p * (g - sum(p * g)) in grad_attn after it.  g in point_softmax's
+    # dtype (fp32 at least), as the unfused backward had it: 16-bit g would
+    # round (2**-9 for bf16) before that subtraction cancels.
+    g_attn, grad_logit = grad_attn, None
     if softmax:
-        # The kernel stores the gradient g for the softmax weights in grad_attn,
-        # then the logits' p * (g - sum(p * g)) in grad_logit.  g in point_softmax's
-        # dtype (fp32 at least), as the unfused backward had it: 16-bit g would
-        # round (2**-9 for bf16) before that subtraction cancels.
         grad_logit = grad_attn
         g_dtype = torch.promote_types(attention_weights.dtype, torch.float32)
-        if g_dtype != grad_logit.dtype:
-            grad_attn = torch.empty_like(grad_logit, dtype=g_dtype)
+        if g_dtype != grad_attn.dtype:
+            g_attn = torch.empty_like(grad_attn, dtype=g_dtype)
     go = grad_output.unflatten(-1, (M, D))  # a view for any strides
     acc = _acc_dtype(value, sampling_locations, attention_weights)
     bound = grad_value_bound(go, attention_weights) if deterministic else None
@@ -314,13 +314,13 @@ def msda_backward(grad_output, value, spatial_shapes, level_start_index, samplin
     with _device_guard(value):
         msda_bwd_kernel[_grid(value, Q, tile["BLOCK_Q"])](
             go, value, spatial_shapes, level_start_index, sampling_locations, attention_weights,
-            grad_value, grad_loc, grad_attn, bound, grad_logit,
+            grad_value, grad_loc, g_attn, bound, grad_logit,
             Q, S, D,
             *go.stride(), *value.stride(), *sampling_locations.stride(),
             *attention_weights.stride(),
-            *grad_value.stride()[:3], *grad_loc.stride(), *grad_attn.stride(),
+            *grad_value.stride()[:3], *grad_loc.stride(), *g_attn.stride(),
             L=L, K=K, ACC=acc, PDL=pdl, SOFTMAX=softmax, launch_pdl=pdl, **tile,
         )
     if deterministic:
         return _fixed_to_float(grad_value, bound, value.dtype, acc), grad_loc, grad_attn
-    return grad_value.to(value.dtype), grad_loc, grad_attn if grad_logit is None else grad_logit
+    return grad_value.to(value.dtype), grad_loc, grad_attn

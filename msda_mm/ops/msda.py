@@ -286,9 +286,11 @@ def multi_scale_deformable_attention(
         softmax: attention_weights are raw logits, and the weights are
             their softmax over the L * K points of each (query, head),
             taken inside the forward kernel (max subtracted, in fp32 or
-            fp64 like the rest), in place of mmcv's separate
-            ``attention_weights.softmax(-1)`` before the op: one kernel and
-            one (B, Q, M, L, K) tensor less in the forward.  Same result as
+            fp64 like the rest) and its gradient inside the backward kernel
+            (the deterministic backward: in PyTorch around it), in place of
+            mmcv's separate ``attention_weights.softmax(-1)`` before the op:
+            one kernel and one (B, Q, M, L, K) tensor less in the forward,
+            one kernel less in the backward.  Same result as
             ``point_softmax`` (a softmax in at least fp32) before the op;
             the gradient for attention_weights is that of the logits
             (docs/fused_softmax.md).

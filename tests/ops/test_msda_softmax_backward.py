@@ -138,3 +138,13 @@ def test_nearly_equal_weight_gradients_keep_their_differences(device):
     bound = max(2 * rel_err(ref[name], truth[name]), FLOOR[torch.bfloat16])
     err = rel_err(grads[name], truth[name])
     assert err <= bound, f"rel err {err:.3g} > {bound:.3g} (seed {seed})"
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_wide_head_with_fp32_logits_in_place(device):
+    # D = 256: the backward takes 4 warps for a 1 x 4 tile of points, so each
+    # logit's gradient has copies in several warps; fp32 logits take g in their
+    # own gradient buffer, read and overwritten by the last pass.
+    args, seed = logit_inputs(B=1, Q=3, M=1, D=256, shapes=((3, 4), (2, 2)), K=2)
+    assert launch._tile("bwd", args["value"], 4, 3)["num_warps"] == 4
+    assert_close_to_reference(args, device, seed, reference=softmax_reference, softmax=True)
