@@ -21,9 +21,18 @@ contiguous, so grad_value_gather_kernel reads two ranges a row.
 import triton
 import triton.language as tl
 
-from .kernels import (_bilinear_weights, _cell, _chunk_points, _fixed_point_exponent,
-                      _fixed_to_float, _grad_value_terms, _head_base, _point_ptrs,
-                      _program_tile, _row_ptrs)
+from .kernels import (
+    _bilinear_weights,
+    _cell,
+    _chunk_points,
+    _fixed_point_exponent,
+    _fixed_to_float,
+    _grad_value_terms,
+    _head_base,
+    _point_ptrs,
+    _program_tile,
+    _row_ptrs,
+)
 
 
 @triton.jit

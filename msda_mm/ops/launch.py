@@ -263,13 +263,13 @@ def _cells(S: int, L: int) -> int:
     return 2 * S + 2 * L
 
 
-def _deterministic_grad_value(go, value, spatial_shapes, level_start_index, sampling_locations,
-                              attention_weights, acc_dtype) -> torch.Tensor:
-    """grad_value in value's dtype, summed in int64 fixed point: the samples
-    counting-sorted by cell, then gathered per value row (bucket_kernels.py)."""
-    B, S, M, D = value.shape
+def bucket_samples(value, spatial_shapes, sampling_locations, acc_dtype):
+    """The samples counting-sorted by cell (bucket_kernels.py): (cells,
+    offsets, entries), where bucket (b * M + m) * cells + c holds
+    entries[offsets[i]:offsets[i + 1]], i the bucket, in an order that
+    varies run to run."""
+    B, S, M, _ = value.shape
     _, Q, _, L, K, _ = sampling_locations.shape
-    bound = grad_value_bound(go, attention_weights)
     cells = _cells(S, L)
     samples = B * M * Q * L * K
     # One index dtype for buckets, ranks, offsets and entries: int32 where all fit.
@@ -277,22 +277,35 @@ def _deterministic_grad_value(go, value, spatial_shapes, level_start_index, samp
     counts = torch.zeros(B * M * cells + 1, device=value.device, dtype=index)
     buckets, ranks = torch.empty(2, samples, device=value.device, dtype=index)
     entries = torch.empty(samples, device=value.device, dtype=index)
-    grad_value = torch.empty(value.shape, device=value.device, dtype=value.dtype)
     block_p = min(_next_pow2(L * K), _SORT["SAMPLES"])
     sort = dict(BLOCK_Q=_SORT["SAMPLES"] // block_p, BLOCK_P=block_p,
                 num_warps=_SORT["num_warps"])
     grid = _grid(value, Q, sort["BLOCK_Q"])
-    # A bucket holds at most a head's Q * L * K samples: BLOCK_E needs no more.
-    tile = _tile("gather", value, Q * L * K, B * S * M)
     with _device_guard(value):
         bucket_count_kernel[grid](spatial_shapes, sampling_locations, buckets, ranks, counts, Q,
                                   cells, *sampling_locations.stride(), L=L, K=K, ACC=acc_dtype,
                                   **sort)
-        counts.cumsum_(0)  # exclusive starts: counts[0] stays 0, bucket b's count was at b + 1
+        counts.cumsum_(0)  # exclusive starts: counts[0] stays 0, bucket i's count was at i + 1
         bucket_fill_kernel[grid](buckets, ranks, counts, entries, Q, L=L, K=K, **sort)
+    return cells, counts, entries
+
+
+def _deterministic_grad_value(go, value, spatial_shapes, level_start_index, sampling_locations,
+                              attention_weights, acc_dtype) -> torch.Tensor:
+    """grad_value in value's dtype, summed in int64 fixed point: the samples
+    bucketed by cell, then gathered per value row (bucket_kernels.py)."""
+    B, S, M, D = value.shape
+    _, Q, _, L, K, _ = sampling_locations.shape
+    bound = grad_value_bound(go, attention_weights)
+    cells, offsets, entries = bucket_samples(value, spatial_shapes, sampling_locations,
+                                             acc_dtype)
+    grad_value = torch.empty(value.shape, device=value.device, dtype=value.dtype)
+    # A bucket holds at most a head's Q * L * K samples: BLOCK_E needs no more.
+    tile = _tile("gather", value, Q * L * K, B * S * M)
+    with _device_guard(value):
         grad_value_gather_kernel[_grid(value, S, tile["BLOCK_Q"])](
             go, spatial_shapes, level_start_index, sampling_locations, attention_weights, bound,
-            counts, entries, grad_value, Q, S, cells, D,
+            offsets, entries, grad_value, Q, S, cells, D,
             *go.stride(), *sampling_locations.stride(), *attention_weights.stride(),
             *grad_value.stride()[:3],
             L=L, K=K, BLOCK_S=tile["BLOCK_Q"], BLOCK_E=tile["BLOCK_P"],
