@@ -30,6 +30,7 @@ from .kernels import (
     _grad_value_terms,
     _head_base,
     _point_ptrs,
+    _program_queries,
     _program_tile,
     _row_ptrs,
 )
@@ -73,16 +74,16 @@ def bucket_count_kernel(
     zero-filled, all of one integer dtype.  A cell outside [0, CELLS)
     (shapes that do not tile value) puts its sample in no bucket.
     Grid: (cdiv(Q, BLOCK_Q), M, B)."""
-    b, m, q, qmask, _, _ = _program_tile(Q, 1, BLOCK_Q, 1)
+    b, m, q, qmask = _program_queries(Q, BLOCK_Q)
     for p0 in range(0, L * K, BLOCK_P):
-        l, k, inside, _, slot = _sample_slots(p0, b, m, q, qmask, Q, L, K, BLOCK_P)
+        l, k, inside, sample, slot = _sample_slots(p0, b, m, q, qmask, Q, L, K, BLOCK_P)
         H = tl.load(shapes_ptr + 2 * l).to(tl.int32)[None, :]
         W = tl.load(shapes_ptr + 2 * l + 1).to(tl.int32)[None, :]
         lp = _point_ptrs(loc_ptr, b, q, m, l, k, stride_lb, stride_lq, stride_lm, stride_ll,
                          stride_lk)
         x = tl.load(lp, mask=inside, other=0.0).to(ACC)
         y = tl.load(lp + stride_lc, mask=inside, other=0.0).to(ACC)
-        live, x0, y0, _, _ = _cell(x, y, H, W, inside)
+        live, x0, y0, lx, ly = _cell(x, y, H, W, inside)
         cell = (_ext_start(l, shapes_ptr, L)[None, :] + (y0 + 1).to(tl.int64) * (W + 1)
                 + (x0 + 1))
         live &= (cell >= 0) & (cell < CELLS)
@@ -98,9 +99,9 @@ def bucket_fill_kernel(buckets_ptr, ranks_ptr, offsets_ptr, entries_ptr, Q, L: t
     """entries[offsets[bucket] + rank] = the sample's index within its head,
     for every bucketed sample (buckets and ranks from bucket_count_kernel;
     offsets the exclusive cumsum of the counts).  Grid: (cdiv(Q, BLOCK_Q), M, B)."""
-    b, m, q, qmask, _, _ = _program_tile(Q, 1, BLOCK_Q, 1)
+    b, m, q, qmask = _program_queries(Q, BLOCK_Q)
     for p0 in range(0, L * K, BLOCK_P):
-        _, _, inside, sample, slot = _sample_slots(p0, b, m, q, qmask, Q, L, K, BLOCK_P)
+        l, k, inside, sample, slot = _sample_slots(p0, b, m, q, qmask, Q, L, K, BLOCK_P)
         bucket = tl.load(buckets_ptr + slot, mask=inside, other=-1)
         live = bucket >= 0
         rank = tl.load(ranks_ptr + slot, mask=live, other=0)
@@ -178,7 +179,7 @@ def grad_value_gather_kernel(
             y_loc = tl.load(lp + stride_lc, mask=live, other=0.0).to(ACC)
             w = tl.load(attn_base + q * stride_aq + (p // K) * stride_al + (p % K) * stride_ak,
                         mask=live, other=0.0).to(ACC)
-            _, _, _, lx, ly = _cell(x_loc, y_loc, H[:, None], W[:, None], live)
+            in_level, x0, y0, lx, ly = _cell(x_loc, y_loc, H[:, None], W[:, None], live)
             c00, c01, c10, c11 = _bilinear_weights(w, lx, ly)
             if dy == 0:
                 c = tl.where(pos < mid[:, None], c11, c10)

@@ -110,15 +110,23 @@ def _point_ptrs(ptr, b, q, m, l, k, stride_b, stride_q, stride_m, stride_l, stri
 
 
 @triton.jit
+def _program_queries(Q, BLOCK_Q: tl.constexpr):
+    """This program's batch b, head m and [BLOCK_Q] queries with their mask
+    (grid: query blocks, M, B)."""
+    q = tl.program_id(0) * BLOCK_Q + tl.arange(0, BLOCK_Q)
+    return tl.program_id(2), tl.program_id(1), q, q < Q
+
+
+@triton.jit
 def _program_tile(Q, D: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_D: tl.constexpr):
     """This program's batch b, head m, [BLOCK_Q] queries and [BLOCK_D] head
     channels, with their bounds masks.  Grid (query blocks, M, B): query
     blocks vary fastest, so that neighbouring programs sample neighbouring
     rows of the same head, and no program divides its id (a flat grid cost
     4 integer divisions, ~50 of 904 SASS instructions of the bf16 forward)."""
-    q = tl.program_id(0) * BLOCK_Q + tl.arange(0, BLOCK_Q)
+    b, m, q, qmask = _program_queries(Q, BLOCK_Q)
     offs_d = tl.arange(0, BLOCK_D)
-    return tl.program_id(2), tl.program_id(1), q, q < Q, offs_d, offs_d < D
+    return b, m, q, qmask, offs_d, offs_d < D
 
 
 @triton.jit
