@@ -16,13 +16,16 @@ Locations and weights are read in whatever float dtype they come in and all
 arithmetic is in ACC (fp32, or fp64 when an input is fp64, which gradcheck
 needs); only the stores round.
 
-Deterministic backward (bound_ptr given): grad_value is summed in int64
-fixed point, whose addition is associative, so the order of the atomics no
-longer matters.  Each term c * go is scaled by 2**e, a power of two per
+Deterministic backward: msda_bwd_kernel without grad_value (grad_loc and
+grad_attn as in the default backward, bitwise), then bucket_kernels.py's
+counting sort of the samples by cell and a gather per value row, which sums
+grad_value in int64 fixed point in registers: integer addition is
+associative, so the order of the samples no longer matters, and no atomic
+touches grad_value.  Each term c * go is scaled by 2**e, a power of two per
 (batch, head) taken on the device from a bound on the head's partial sums
 (launch.grad_value_bound: bound * 2**e < 2**61, so no sum reaches int64's
-2**63), and truncated to an integer; fixed_to_float_kernel scales the sums
-back by 2**-e.
+2**63), and truncated to an integer; each sum is scaled back by 2**-e and
+rounded once (_fixed_to_float).
 
 Offsets into value/grad_value/output are int64 so tensors past 2**31
 elements work.  Level shapes and start offsets are read on the device: no

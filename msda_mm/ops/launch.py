@@ -32,9 +32,9 @@ def interpreter_enabled() -> bool:
 # L * K = 16 (wider heads: _tile): the fastest of 13 one- and multi-warp tiles (docs/design.md).
 _TILES = {("fwd", 4): (2, 1, 16), ("fwd", 2): (2, 1, 16),
           ("bwd", 4): (1, 1, 8), ("bwd", 2): (1, 1, 16),
-          # grad_value_gather_kernel's (BLOCK_S rows, num_warps, BLOCK_E entries a step): one
-          # warp a row, the [16, 32] term tile of the bf16 backward's chunk (not tuned).
-          ("gather", 4): (1, 1, 16), ("gather", 2): (1, 1, 16)}
+          # grad_value_gather_kernel's (BLOCK_S rows, num_warps, BLOCK_E entries a step), not
+          # timed: one warp a row; 16 entries spilled at D = 24 (sm_80) and D >= 128 (sm_90 bf16).
+          ("gather", 4): (1, 1, 8), ("gather", 2): (1, 1, 8)}
 # Below this many (batch, query, head) rows a 16-bit (and fp64) forward takes 1 query a
 # program: bf16 decoder 15.6 us against 16.5 with 2 (fp32 keeps 2; docs/design.md).
 _FWD_FEW_ROWS = 1 << 16
@@ -71,12 +71,13 @@ def _next_pow2(n: int) -> int:
     return 1 << (n - 1).bit_length()
 
 
-def _tile(kernel: str, value: torch.Tensor, points: int, rows: int) -> dict:
+def _tile(kernel: str, value: torch.Tensor, points: int, rows: int,
+          element_size: int = 0) -> dict:
     """Launch constants for ``points`` = L * K sampling points per query and
     ``rows`` = B * Q * M (query, head) pairs; the tuned tile is that of
-    value's element size."""
+    value's element size, or of ``element_size`` where given."""
     block_q, num_warps, *block_p = _tile_override.get(
-        kernel, _TILES[kernel, min(value.element_size(), 4)])
+        kernel, _TILES[kernel, min(element_size or value.element_size(), 4)])
     if (kernel == "fwd" and kernel not in _tile_override and rows < _FWD_FEW_ROWS
             and value.dtype != torch.float32):
         block_q = 1
@@ -331,8 +332,9 @@ def msda_backward(grad_output, value, spatial_shapes, level_start_index, samplin
     grad_attn = attention_weights.new_empty(attention_weights.shape)
     go = grad_output.unflatten(-1, (M, D))  # a view for any strides
     acc = _acc_dtype(value, sampling_locations, attention_weights)
-    # The default backward's tile, so that grad_loc and grad_attn are bitwise its own.
-    tile = _tile("bwd", value, L * K, B * Q * M)
+    # Without grad_value the fp32 tile (8 points a chunk): the bf16 one spilled at D = 256
+    # on sm_90 (1 register; research/compile_check.py).
+    tile = _tile("bwd", value, L * K, B * Q * M, 4 if deterministic else 0)
     grad_value, pdl, gv_strides = None, False, (0, 0, 0)
     if not deterministic:
         accum = torch.float32 if fp32_grad_accum else value.dtype

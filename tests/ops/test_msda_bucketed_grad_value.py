@@ -124,3 +124,21 @@ def test_gather_tiles_leave_grad_value_bitwise_unchanged():
     for tile in [(1, 1, 1), (1, 1, 2), (2, 1, 4), (4, 2, 2), (8, 1, 16), (32, 4, 8)]:
         with launch.tile_override(gather=tile):
             torch.testing.assert_close(_grad_value(args, g), first, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("shapes", [((4, 5), (3, 3)),  # the last level runs 3 rows past S
+                                    ((4, 5), (40000, 60000))])  # cells far past the bound
+def test_shapes_that_disagree_with_value_stay_in_bounds(shapes):
+    # As test_msda_edge_cases' test for the float path: the launcher called
+    # directly (the op would raise on CPU shapes), value covering level 0 and 6
+    # positions of level 1.  Rows past the shapes' cells and cells past the
+    # bound 2 S + 2 L take no samples; the rows of value get finite sums.
+    args = make_inputs(B=1, Q=6, M=2, D=8, shapes=SHAPES, K=2, lo=0.0, hi=1.0, seed=6)[0]
+    shapes_t, starts = torch.tensor(shapes), torch.tensor([0, 20])
+    value, loc, attn = args["value"], args["sampling_locations"], args["attention_weights"]
+    grad_out = torch.randn(1, 6, 16, generator=torch.Generator().manual_seed(6))
+    det = launch.msda_backward(grad_out, value, shapes_t, starts, loc, attn, False, True)[0]
+    assert det.shape == value.shape and torch.isfinite(det).all()
+    if shapes[1][0] < 100:  # no wrapped index: the float backward's sums, rows past S dropped
+        default = launch.msda_backward(grad_out, value, shapes_t, starts, loc, attn, True)[0]
+        torch.testing.assert_close(det, default)
