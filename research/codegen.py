@@ -12,6 +12,7 @@ and no CUDA driver are needed; the Triton interpreter must be off
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import re
 import subprocess
@@ -30,11 +31,17 @@ from triton.compiler import ASTSource, make_backend
 from triton.runtime.jit import JITFunction, create_function_from_signature
 
 from msda_mm.bench.presets import PRESETS
-from msda_mm.ops import kernels, launch
+from msda_mm.ops import launch
 from msda_mm.ops.msda import resolve_fp32_grad_accum
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
-KERNELS = ("fwd", "fwd_pairs", "bwd")
+KERNELS = ("fwd", "fwd_pairs", "bwd", "bucket_count", "bucket_fill", "gather")
+# The deterministic backward's grad_value kernels (bucket_kernels.py).
+DET_KERNELS = KERNELS[3:]
+# Each KERNELS name's attribute in launch.py.
+_LAUNCH_NAMES = {"fwd": "msda_fwd_kernel", "fwd_pairs": "msda_fwd_pairs_kernel",
+                 "bwd": "msda_bwd_kernel", "bucket_count": "bucket_count_kernel",
+                 "bucket_fill": "bucket_fill_kernel", "gather": "grad_value_gather_kernel"}
 
 # The mmdet default call (Deformable DETR decoder on a COCO image, D = 32,
 # L = K = 4); a variant only swaps the head dim.  Only the strides and the
@@ -69,7 +76,7 @@ class Variant:
     head_dim: int
     fp32_accum: Optional[bool] = None  # bwd: grad_value in an fp32 scratch buffer
     auto: Optional[bool] = None  # bwd: fp32_accum is what the op picks on this arch
-    deterministic: bool = False  # bwd: grad_value in int64 fixed point (fp32_accum unused)
+    deterministic: bool = False  # bwd: grad_value by DET_KERNELS (fp32_accum unused)
     softmax: bool = False  # attention weights are logits (SOFTMAX; bwd: not deterministic)
 
     @property
@@ -97,9 +104,10 @@ def auto_fp32_accum(dtype: str, arch: int) -> bool:
 def variants(archs, dtypes, head_dims, kernels=KERNELS, softmax=(False,)) -> list[Variant]:
     """Per (arch, dtype, D) and each of ``softmax``: the forwards; the
     backward with the auto-selected accumulation and the other one forced,
-    except for fp32 values, where both modes are the same fp32 kernel; then
-    (without softmax, which that backward does not take) the deterministic
-    backward."""
+    except for fp32 values, where both modes are the same fp32 kernel; then,
+    without softmax (which that backward does not take), the deterministic
+    backward (msda_bwd_kernel without grad_value) and each of DET_KERNELS in
+    ``kernels``."""
     out = []
     for arch in archs:
         for dtype in dtypes:
@@ -116,8 +124,10 @@ def variants(archs, dtypes, head_dims, kernels=KERNELS, softmax=(False,)) -> lis
                         if dtype != "fp32":
                             out.append(Variant("bwd", arch, dtype, d, not auto, False,
                                                softmax=fused))
-                        if not fused:
-                            out.append(Variant("bwd", arch, dtype, d, False, False, True))
+                if "bwd" in kernels:
+                    out.append(Variant("bwd", arch, dtype, d, False, False, True))
+                out += [Variant(k, arch, dtype, d, deterministic=True)
+                        for k in DET_KERNELS if k in kernels]
     return out
 
 
@@ -148,14 +158,15 @@ def _recorded_launch(v: Variant):
 
     inputs = (empty(B, S, M, D), empty(L, 2, dtype=torch.int64), empty(L, dtype=torch.int64),
               empty(B, Q, M, L, K, 2), empty(B, Q, M, L, K))
-    name = f"msda_{v.kernel}_kernel"
-    recorder = _Recorder(getattr(kernels, name))
-    # As on a GPU of this arch: PDL from sm_90 on, behind the fill kernel; the
-    # deterministic backward's conversion kernel only records its call.
-    with mock.patch.object(launch, name, recorder), \
-            mock.patch.object(launch, "fixed_to_float_kernel",
-                              _Recorder(kernels.fixed_to_float_kernel)), \
-            mock.patch.object(launch, "fill_zeros", lambda t: v.arch >= 90):
+    name = _LAUNCH_NAMES[v.kernel]
+    # Every kernel only records its call; as on a GPU of this arch: PDL from
+    # sm_90 on, behind the fill kernel.
+    recorders = {n: _Recorder(getattr(launch, n).fn) for n in _LAUNCH_NAMES.values()}
+    recorder = recorders[name]
+    with contextlib.ExitStack() as stack:
+        for n, r in recorders.items():
+            stack.enter_context(mock.patch.object(launch, n, r))
+        stack.enter_context(mock.patch.object(launch, "fill_zeros", lambda t: v.arch >= 90))
         if v.kernel.startswith("fwd"):
             launch.msda_forward(*inputs, softmax=v.softmax)
         else:

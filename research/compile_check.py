@@ -1,8 +1,9 @@
 #!/usr/bin/env python
 """Compile every MSDA kernel variant for sm_80 / sm_90 without a GPU and
 print what the code generator made of it: the backward's atomics (PTX and
-SASS, CAS loop or not) and the forward's load widths, with registers and
-spills.  Exits non-zero if any variant fails to compile.
+SASS, CAS loop or not), those of the deterministic backward's grad_value
+kernels, and the forward's load widths, with registers and spills.  Exits
+non-zero if any variant fails to compile.
 
     python research/compile_check.py [--archs 80 90] [--softmax] [--json out.json] [--dump DIR]
 
@@ -30,12 +31,15 @@ from research import codegen as cc  # noqa: E402
 
 BWD_COLUMNS = ("arch", "dtype", "head_dim", "accum", "softmax", "ptx_atomics", "sass_atomics",
                "cas_loop", "pdl_waits", "exps", "regs", "spill_stores", "spill_loads", "seconds")
+DET_COLUMNS = ("kernel", "arch", "dtype", "head_dim", "ptx_atomics", "sass_atomics", "cas_loop",
+               "regs", "spill_stores", "spill_loads", "seconds")
 FWD_COLUMNS = ("arch", "dtype", "head_dim", "softmax", "ptx_loads", "sass_loads", "exps", "regs",
                "spill_stores", "spill_loads", "seconds")
 
 
 def _cell(row: dict, column: str) -> str:
-    if row["error"] and column not in ("arch", "dtype", "head_dim", "accum", "softmax"):
+    if row["error"] and column not in ("kernel", "arch", "dtype", "head_dim", "accum",
+                                       "softmax"):
         return "FAILED" if column in ("ptx_atomics", "ptx_loads") else ""
     value = row[column]
     if isinstance(value, dict):
@@ -82,6 +86,8 @@ def main(argv=None) -> int:
     print(f"triton {rows[0]['triton']}, {len(rows)} variants")
     print_table("backward: grad_value atomics", [r for r in rows if r["kernel"] == "bwd"],
                 BWD_COLUMNS)
+    print_table("deterministic backward: grad_value kernels",
+                [r for r in rows if r["kernel"] in cc.DET_KERNELS], DET_COLUMNS)
     for kernel in ("fwd", "fwd_pairs"):
         print_table(f"{kernel}: global loads", [r for r in rows if r["kernel"] == kernel],
                     FWD_COLUMNS)

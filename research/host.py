@@ -24,7 +24,7 @@ import torch
 
 from msda_mm.bench.inputs import MSDAInputs
 from msda_mm.bench.timing import autograd_floor_us, eager_times_us
-from msda_mm.ops import kernels, launch, multi_scale_deformable_attention
+from msda_mm.ops import launch, multi_scale_deformable_attention
 from msda_mm.ops.fast_launch import FastLaunch
 from msda_mm.ops.msda import resolve_fp32_grad_accum
 from msda_mm.ops.validate import check_inputs
@@ -78,7 +78,7 @@ def ordinary_launches():
     """Inside this block launch.py launches its kernels through Triton's
     ``JITFunction.run`` every time instead of FastLaunch's kept compiled
     kernels: FastLaunch's saving is the difference."""
-    return _kernels_replaced(lambda name: getattr(kernels, name))
+    return _kernels_replaced(lambda name: getattr(launch, name).fn)
 
 
 _PATCHES = {NO_LAUNCH: no_launches, ORDINARY_LAUNCH: ordinary_launches}

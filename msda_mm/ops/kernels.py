@@ -16,13 +16,16 @@ Locations and weights are read in whatever float dtype they come in and all
 arithmetic is in ACC (fp32, or fp64 when an input is fp64, which gradcheck
 needs); only the stores round.
 
-Deterministic backward (bound_ptr given): grad_value is summed in int64
-fixed point, whose addition is associative, so the order of the atomics no
-longer matters.  Each term c * go is scaled by 2**e, a power of two per
+Deterministic backward: msda_bwd_kernel without grad_value (grad_loc and
+grad_attn as in the default backward, bitwise), then bucket_kernels.py's
+counting sort of the samples by cell and a gather per value row, which sums
+grad_value in int64 fixed point in registers: integer addition is
+associative, so the order of the samples no longer matters, and no atomic
+touches grad_value.  Each term c * go is scaled by 2**e, a power of two per
 (batch, head) taken on the device from a bound on the head's partial sums
 (launch.grad_value_bound: bound * 2**e < 2**61, so no sum reaches int64's
-2**63), and truncated to an integer; fixed_to_float_kernel scales the sums
-back by 2**-e.
+2**63), and truncated to an integer; each sum is scaled back by 2**-e and
+rounded once (_fixed_to_float).
 
 Offsets into value/grad_value/output are int64 so tensors past 2**31
 elements work.  Level shapes and start offsets are read on the device: no
@@ -37,13 +40,14 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 
 @triton.jit
-def _bilinear_corners(x, y, H, W, start, S, active):
-    """Corner indices, masks and bilinear fractions of a [BLOCK_Q, BLOCK_P]
-    tile of normalised (x, y) locations; H, W, start are each point's level
-    (int32).
+def _cell(x, y, H, W, active):
+    """Whether each normalised (x, y) location is a live sample (inside the
+    level's extended grid: x_im in [-1, W), y_im in [-1, H)), the top-left
+    corner (x0, y0) of its cell (int32, in [-1, W-1] x [-1, H-1]) and its
+    bilinear fractions lx, ly; zeros where not live.
 
     NaN fails every comparison and +-inf fails one, so a non-finite location
-    has no live corner and contributes (and receives) exactly zero.
+    is never live.
     """
     x_im = x * W - 0.5
     y_im = y * H - 0.5
@@ -52,10 +56,17 @@ def _bilinear_corners(x, y, H, W, start, S, active):
     y_im = tl.where(ok, y_im, 0.0)
     x0f = tl.floor(x_im)
     y0f = tl.floor(y_im)
-    lx = x_im - x0f
-    ly = y_im - y0f
-    x0 = x0f.to(tl.int32)
-    y0 = y0f.to(tl.int32)
+    return ok, x0f.to(tl.int32), y0f.to(tl.int32), x_im - x0f, y_im - y0f
+
+
+@triton.jit
+def _bilinear_corners(x, y, H, W, start, S, active):
+    """Corner indices, masks and bilinear fractions of a [BLOCK_Q, BLOCK_P]
+    tile of normalised (x, y) locations; H, W, start are each point's level
+    (int32).  A sample that is not live (_cell) has no live corner and
+    contributes (and receives) exactly zero.
+    """
+    ok, x0, y0, lx, ly = _cell(x, y, H, W, active)
     # With ok, -1 <= x0 <= W-1, so only x0 >= 0 and x0 + 1 < W can fail.
     mx0 = x0 >= 0
     mx1 = x0 + 1 < W
@@ -102,15 +113,23 @@ def _point_ptrs(ptr, b, q, m, l, k, stride_b, stride_q, stride_m, stride_l, stri
 
 
 @triton.jit
+def _program_queries(Q, BLOCK_Q: tl.constexpr):
+    """This program's batch b, head m and [BLOCK_Q] queries with their mask
+    (grid: query blocks, M, B)."""
+    q = tl.program_id(0) * BLOCK_Q + tl.arange(0, BLOCK_Q)
+    return tl.program_id(2), tl.program_id(1), q, q < Q
+
+
+@triton.jit
 def _program_tile(Q, D: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_D: tl.constexpr):
     """This program's batch b, head m, [BLOCK_Q] queries and [BLOCK_D] head
     channels, with their bounds masks.  Grid (query blocks, M, B): query
     blocks vary fastest, so that neighbouring programs sample neighbouring
     rows of the same head, and no program divides its id (a flat grid cost
     4 integer divisions, ~50 of 904 SASS instructions of the bf16 forward)."""
-    q = tl.program_id(0) * BLOCK_Q + tl.arange(0, BLOCK_Q)
+    b, m, q, qmask = _program_queries(Q, BLOCK_Q)
     offs_d = tl.arange(0, BLOCK_D)
-    return tl.program_id(2), tl.program_id(1), q, q < Q, offs_d, offs_d < D
+    return b, m, q, qmask, offs_d, offs_d < D
 
 
 @triton.jit
@@ -144,13 +163,20 @@ def _corner_rows(base, i00, W, stride_s, offs_d, stride_d):
 
 
 @triton.jit
-def _corner_weights(w, lx, ly):
-    """The four bilinear weights times the attention weight, as
-    [BLOCK_Q, BLOCK_P, 1] tiles (00, 01, 10, 11)."""
+def _bilinear_weights(w, lx, ly):
+    """The four bilinear weights times the attention weight (00, 01, 10, 11),
+    each in lx's shape: one expression for every kernel, so that the
+    deterministic gather's terms are bitwise the backward's."""
     hx = 1.0 - lx
     hy = 1.0 - ly
-    return ((w * hy * hx)[:, :, None], (w * hy * lx)[:, :, None], (w * ly * hx)[:, :, None],
-            (w * ly * lx)[:, :, None])
+    return w * hy * hx, w * hy * lx, w * ly * hx, w * ly * lx
+
+
+@triton.jit
+def _corner_weights(w, lx, ly):
+    """_bilinear_weights as [BLOCK_Q, BLOCK_P, 1] tiles."""
+    c00, c01, c10, c11 = _bilinear_weights(w, lx, ly)
+    return c00[:, :, None], c01[:, :, None], c10[:, :, None], c11[:, :, None]
 
 
 @triton.jit
@@ -425,9 +451,10 @@ def _fixed_point_exponent(bound_ptr, b, m, ACC: tl.constexpr):
 
 @triton.jit
 def _grad_value_terms(c, go, e, gv_ty: tl.constexpr, ACC: tl.constexpr):
-    """What grad_value's atomics add: c * go rounded to gv_ty, or in fixed
-    point (gv_ty int64) c * go * 2**e truncated to an integer, 2**e applied
-    as two factors (see _fixed_point_exponent), both exact."""
+    """A grad_value term: c * go rounded to gv_ty (what the backward's
+    atomics add), or in fixed point (gv_ty int64: what the deterministic
+    gather sums) c * go * 2**e truncated to an integer, 2**e applied as two
+    factors (see _fixed_point_exponent), both exact."""
     if gv_ty == tl.int64:
         half = e >> 1
         return (c * go * _pow2(half, ACC) * _pow2(e - half, ACC)).to(tl.int64)
@@ -471,7 +498,7 @@ def _softmax_backward(b, m, q, qmask, attn_ptr, grad_attn_ptr, grad_logit_ptr, r
 @triton.jit
 def msda_bwd_kernel(
     grad_out_ptr, value_ptr, shapes_ptr, starts_ptr, loc_ptr, attn_ptr,
-    grad_value_ptr, grad_loc_ptr, grad_attn_ptr, bound_ptr, grad_logit_ptr,
+    grad_value_ptr, grad_loc_ptr, grad_attn_ptr, grad_logit_ptr,
     Q, S, D: tl.constexpr,
     stride_gob, stride_goq, stride_gom, stride_god,
     stride_vb, stride_vs, stride_vm, stride_vd,
@@ -490,17 +517,16 @@ def msda_bwd_kernel(
     value's own, or fp32 scratch); grad_loc (B, Q, M, L, K, 2) and
     grad_attn (B, Q, M, L, K) are written once per element.
 
-    bound_ptr None: grad_value in a float dtype, atomically added as such.
-    bound_ptr a (B, M) float64 bound (see _fixed_point_exponent): grad_value
-    int64, summed in fixed point (the deterministic backward); a head
-    without a fixed point (ok False) adds zeros.
+    grad_value_ptr None (a constexpr): grad_loc and grad_attn only, no
+    atomics (the deterministic backward, whose grad_value is
+    grad_value_gather_kernel's).
 
     PDL (sm_90+, launched with launch_pdl right after grad_value's fill:
     zero_fill_kernel, or PyTorch's fill for fp32): the gathers and the
     grad_loc / grad_attn stores may run while grad_value is still being
     zeroed; the atomics wait for the fill.
 
-    SOFTMAX (not with bound_ptr): attn holds logits, as in msda_fwd_kernel.
+    SOFTMAX: attn holds logits, as in msda_fwd_kernel.
     Two passes over the logits give each row's max and sum of exps, so that
     the main loop weighs the samples by the softmax weights p; grad_attn
     (fp32 or fp64) receives the gradient g for p, and a last pass writes the
@@ -513,13 +539,6 @@ def msda_bwd_kernel(
     go = tl.load(go_ptrs, mask=qmask[:, None] & dmask[None, :], other=0.0).to(ACC)[:, None, :]
 
     v_base = _head_base(value_ptr, b, m, stride_vb, stride_vm)
-    gv_base = _head_base(grad_value_ptr, b, m, stride_gvb, stride_gvm)
-    gv_ty = grad_value_ptr.dtype.element_ty
-    e = None
-    go_gv = go
-    if bound_ptr is not None:
-        e, ok = _fixed_point_exponent(bound_ptr, b, m, ACC)
-        go_gv = tl.where(ok, go, 0.0)
     if SOFTMAX:
         row_max, inv_sum = _softmax_stats(b, m, q, qmask, attn_ptr, stride_ab, stride_aq,
                                           stride_am, stride_al, stride_ak, L, K, BLOCK_P, ACC)
@@ -554,21 +573,22 @@ def msda_bwd_kernel(
                              stride_gal, stride_gak),
                  g_attn.to(grad_attn_ptr.dtype.element_ty), mask=live)
 
-        if bound_ptr is not None:
-            w = tl.where(ok, w, 0.0)
-        c00, c01, c10, c11 = _corner_weights(w, lx, ly)
-        g00, g10 = _corner_rows(gv_base, i00, W, stride_gvs, offs_d, 1)
-        if PDL:
-            # grad_value's zeros (the kernel before this one) must be in place.
-            gdc_wait()
-        tl.atomic_add(g00, _grad_value_terms(c00, go_gv, e, gv_ty, ACC),
-                      mask=m00[:, :, None] & dm, sem="relaxed")
-        tl.atomic_add(g00 + stride_gvs, _grad_value_terms(c01, go_gv, e, gv_ty, ACC),
-                      mask=m01[:, :, None] & dm, sem="relaxed")
-        tl.atomic_add(g10, _grad_value_terms(c10, go_gv, e, gv_ty, ACC),
-                      mask=m10[:, :, None] & dm, sem="relaxed")
-        tl.atomic_add(g10 + stride_gvs, _grad_value_terms(c11, go_gv, e, gv_ty, ACC),
-                      mask=m11[:, :, None] & dm, sem="relaxed")
+        if grad_value_ptr is not None:
+            gv_ty = grad_value_ptr.dtype.element_ty
+            gv_base = _head_base(grad_value_ptr, b, m, stride_gvb, stride_gvm)
+            c00, c01, c10, c11 = _corner_weights(w, lx, ly)
+            g00, g10 = _corner_rows(gv_base, i00, W, stride_gvs, offs_d, 1)
+            if PDL:
+                # grad_value's zeros (the kernel before this one) must be in place.
+                gdc_wait()
+            tl.atomic_add(g00, _grad_value_terms(c00, go, None, gv_ty, ACC),
+                          mask=m00[:, :, None] & dm, sem="relaxed")
+            tl.atomic_add(g00 + stride_gvs, _grad_value_terms(c01, go, None, gv_ty, ACC),
+                          mask=m01[:, :, None] & dm, sem="relaxed")
+            tl.atomic_add(g10, _grad_value_terms(c10, go, None, gv_ty, ACC),
+                          mask=m10[:, :, None] & dm, sem="relaxed")
+            tl.atomic_add(g10 + stride_gvs, _grad_value_terms(c11, go, None, gv_ty, ACC),
+                          mask=m11[:, :, None] & dm, sem="relaxed")
     if SOFTMAX:
         _softmax_backward(b, m, q, qmask, attn_ptr, grad_attn_ptr, grad_logit_ptr, row_max,
                           inv_sum, dot, stride_ab, stride_aq, stride_am, stride_al, stride_ak,
@@ -590,24 +610,14 @@ def _round_to(x, ty: tl.constexpr):
 
 
 @triton.jit
-def fixed_to_float_kernel(acc_ptr, bound_ptr, out_ptr, S, D: tl.constexpr,
-                          stride_b, stride_s, stride_m,
-                          BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, ACC: tl.constexpr):
-    """out = acc * 2**-e, rounded to out's dtype: msda_bwd_kernel's int64
-    fixed-point grad_value (B, S, M, D) back to a float, NaN in the heads
-    without a fixed point.  acc and out share their strides (unit channel
-    stride).  Grid: (cdiv(S, BLOCK_S), M, B)."""
-    b, m, s, smask, offs_d, dmask = _program_tile(S, D, BLOCK_S, BLOCK_D)
-    e, ok = _fixed_point_exponent(bound_ptr, b, m, ACC)
+def _fixed_to_float(acc, e, ok, ty: tl.constexpr, ACC: tl.constexpr):
+    """Fixed-point sums acc (int64) at exponent e as ty: acc * 2**-e, NaN
+    where the head has no fixed point (ok False).  Two factors, as in
+    _grad_value_terms: exact, so that only the int64 -> ACC conversion rounds
+    (and a subnormal result)."""
     half = e >> 1
-    mask = smask[:, None] & dmask[None, :]
-    acc = tl.load(_row_ptrs(_head_base(acc_ptr, b, m, stride_b, stride_m), s, stride_s,
-                            offs_d, 1), mask=mask, other=0)
-    # Two factors, as in _grad_value_terms: exact, so that only the int64 -> ACC
-    # conversion rounds (and a subnormal result).
     out = acc.to(ACC) * _pow2(-half, ACC) * _pow2(half - e, ACC)
-    tl.store(_row_ptrs(_head_base(out_ptr, b, m, stride_b, stride_m), s, stride_s, offs_d, 1),
-             _round_to(tl.where(ok, out, float("nan")), out_ptr.dtype.element_ty), mask=mask)
+    return _round_to(tl.where(ok, out, float("nan")), ty)
 
 
 @triton.jit

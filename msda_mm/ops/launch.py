@@ -9,7 +9,7 @@ import os
 import torch
 import triton.language as tl
 
-from . import kernels
+from . import bucket_kernels, kernels
 from .fast_launch import FastLaunch
 
 # The kernels as this module launches them: through FastLaunch (repeat
@@ -18,7 +18,9 @@ msda_fwd_kernel = FastLaunch(kernels.msda_fwd_kernel)
 msda_fwd_pairs_kernel = FastLaunch(kernels.msda_fwd_pairs_kernel)
 msda_bwd_kernel = FastLaunch(kernels.msda_bwd_kernel)
 zero_fill_kernel = FastLaunch(kernels.zero_fill_kernel)
-fixed_to_float_kernel = FastLaunch(kernels.fixed_to_float_kernel)
+bucket_count_kernel = FastLaunch(bucket_kernels.bucket_count_kernel)
+bucket_fill_kernel = FastLaunch(bucket_kernels.bucket_fill_kernel)
+grad_value_gather_kernel = FastLaunch(bucket_kernels.grad_value_gather_kernel)
 
 
 def interpreter_enabled() -> bool:
@@ -29,7 +31,10 @@ def interpreter_enabled() -> bool:
 # (BLOCK_Q, num_warps, BLOCK_P) per kernel and value element size at D = 32 and
 # L * K = 16 (wider heads: _tile): the fastest of 13 one- and multi-warp tiles (docs/design.md).
 _TILES = {("fwd", 4): (2, 1, 16), ("fwd", 2): (2, 1, 16),
-          ("bwd", 4): (1, 1, 8), ("bwd", 2): (1, 1, 16)}
+          ("bwd", 4): (1, 1, 8), ("bwd", 2): (1, 1, 16),
+          # grad_value_gather_kernel's (BLOCK_S rows, num_warps, BLOCK_E entries a step), not
+          # timed: one warp a row; 16 entries spilled at D = 24 (sm_80) and D >= 128 (sm_90 bf16).
+          ("gather", 4): (1, 1, 8), ("gather", 2): (1, 1, 8)}
 # Below this many (batch, query, head) rows a 16-bit (and fp64) forward takes 1 query a
 # program: bf16 decoder 15.6 us against 16.5 with 2 (fp32 keeps 2; docs/design.md).
 _FWD_FEW_ROWS = 1 << 16
@@ -41,15 +46,17 @@ _tile_override: dict = {}
 
 @contextlib.contextmanager
 def tile_override(fwd: tuple[int, ...] | None = None, bwd: tuple[int, ...] | None = None,
-                  pairs: tuple[int, int] | None = None):
+                  pairs: tuple[int, int] | None = None,
+                  gather: tuple[int, int, int] | None = None):
     """Launch with other (BLOCK_Q, num_warps[, BLOCK_P]) tiles inside this
     block: a tuning hook for the benchmark and the tests, not an API for
     models.  ``pairs`` (BLOCK_Q, num_warps) sends every forward that
     msda_fwd_pairs_kernel can take to it; ``fwd`` every forward to
-    msda_fwd_kernel."""
+    msda_fwd_kernel; ``gather`` (BLOCK_S, num_warps, BLOCK_E) is the
+    deterministic backward's grad_value_gather_kernel."""
     saved = dict(_tile_override)
-    _tile_override.update({k: v for k, v in (("fwd", fwd), ("bwd", bwd), ("pairs", pairs))
-                           if v is not None})
+    _tile_override.update({k: v for k, v in (("fwd", fwd), ("bwd", bwd), ("pairs", pairs),
+                                             ("gather", gather)) if v is not None})
     try:
         yield
     finally:
@@ -246,22 +253,65 @@ def grad_value_bound(go: torch.Tensor, attention_weights: torch.Tensor) -> torch
     return (go_max.double() * w_sum.double()).amax(1) * go.shape[1]
 
 
-# fixed_to_float_kernel: ~2048 elements a program (64 rows of D = 32).
-_CONVERT = dict(ELEMS=2048, num_warps=4)
+# The sort kernels' tile: 128 samples a 4-warp program, one a thread.
+_SORT = dict(SAMPLES=128, num_warps=4)
 
 
-def _fixed_to_float(acc: torch.Tensor, bound: torch.Tensor, dtype: torch.dtype,
-                    acc_dtype) -> torch.Tensor:
-    """msda_bwd_kernel's int64 fixed-point grad_value (B, S, M, D) as ``dtype``."""
-    B, S, M, D = acc.shape
-    out = torch.empty(acc.shape, device=acc.device, dtype=dtype)
-    block_d = _next_pow2(D)
-    block_s = max(1, _CONVERT["ELEMS"] // block_d)
-    with _device_guard(acc):
-        fixed_to_float_kernel[_grid(acc, S, block_s)](
-            acc, bound, out, S, D, *acc.stride()[:3],
-            BLOCK_S=block_s, BLOCK_D=block_d, ACC=acc_dtype, num_warps=_CONVERT["num_warps"])
-    return out
+def _cells(S: int, L: int) -> int:
+    """Cells of a head's extended grids, sum_l (H_l+1) * (W_l+1), bounded
+    without reading the shapes (a host sync on CUDA): (H-1) * (W-1) >= 0
+    gives H + W + 1 <= H * W + 2, so the sum is at most 2 * S + 2 * L."""
+    return 2 * S + 2 * L
+
+
+def bucket_samples(value, spatial_shapes, sampling_locations, acc_dtype):
+    """The samples counting-sorted by cell (bucket_kernels.py): (cells,
+    offsets, entries), where bucket (b * M + m) * cells + c holds
+    entries[offsets[i]:offsets[i + 1]], i the bucket, in an order that
+    varies run to run."""
+    B, S, M, _ = value.shape
+    _, Q, _, L, K, _ = sampling_locations.shape
+    cells = _cells(S, L)
+    samples = B * M * Q * L * K
+    # One index dtype for buckets, ranks, offsets and entries: int32 where all fit.
+    index = torch.int32 if max(samples, B * M * cells + 1) < 2**31 else torch.int64
+    counts = torch.zeros(B * M * cells + 1, device=value.device, dtype=index)
+    buckets, ranks = torch.empty(2, samples, device=value.device, dtype=index)
+    entries = torch.empty(samples, device=value.device, dtype=index)
+    block_p = min(_next_pow2(L * K), _SORT["SAMPLES"])
+    sort = dict(BLOCK_Q=_SORT["SAMPLES"] // block_p, BLOCK_P=block_p,
+                num_warps=_SORT["num_warps"])
+    grid = _grid(value, Q, sort["BLOCK_Q"])
+    with _device_guard(value):
+        bucket_count_kernel[grid](spatial_shapes, sampling_locations, buckets, ranks, counts, Q,
+                                  cells, *sampling_locations.stride(), L=L, K=K, ACC=acc_dtype,
+                                  **sort)
+        counts.cumsum_(0)  # exclusive starts: counts[0] stays 0, bucket i's count was at i + 1
+        bucket_fill_kernel[grid](buckets, ranks, counts, entries, Q, L=L, K=K, **sort)
+    return cells, counts, entries
+
+
+def _deterministic_grad_value(go, value, spatial_shapes, level_start_index, sampling_locations,
+                              attention_weights, acc_dtype) -> torch.Tensor:
+    """grad_value in value's dtype, summed in int64 fixed point: the samples
+    bucketed by cell, then gathered per value row (bucket_kernels.py)."""
+    B, S, M, D = value.shape
+    _, Q, _, L, K, _ = sampling_locations.shape
+    bound = grad_value_bound(go, attention_weights)
+    cells, offsets, entries = bucket_samples(value, spatial_shapes, sampling_locations,
+                                             acc_dtype)
+    grad_value = torch.empty(value.shape, device=value.device, dtype=value.dtype)
+    # A bucket holds at most a head's Q * L * K samples: BLOCK_E needs no more.
+    tile = _tile("gather", value, Q * L * K, B * S * M)
+    with _device_guard(value):
+        grad_value_gather_kernel[_grid(value, S, tile["BLOCK_Q"])](
+            go, spatial_shapes, level_start_index, sampling_locations, attention_weights, bound,
+            offsets, entries, grad_value, Q, S, cells, D,
+            *go.stride(), *sampling_locations.stride(), *attention_weights.stride(),
+            *grad_value.stride()[:3],
+            L=L, K=K, BLOCK_S=tile["BLOCK_Q"], BLOCK_E=tile["BLOCK_P"],
+            BLOCK_D=tile["BLOCK_D"], ACC=acc_dtype, num_warps=tile["num_warps"])
+    return grad_value
 
 
 def msda_backward(grad_output, value, spatial_shapes, level_start_index, sampling_locations,
@@ -272,12 +322,13 @@ def msda_backward(grad_output, value, spatial_shapes, level_start_index, samplin
 
     fp32_grad_accum: accumulate grad_value in an fp32 scratch buffer and
     round once at the end instead of atomically adding in value's dtype.
-    deterministic: accumulate grad_value in int64 fixed point instead
-    (fp32_grad_accum is then unused): bitwise the same every run (see
-    kernels.py and docs/determinism.md).
+    deterministic: sum grad_value in int64 fixed point instead, gathered
+    per value row without atomics (fp32_grad_accum is then unused):
+    bitwise the same every run (see bucket_kernels.py and
+    docs/determinism.md).
     softmax: attention_weights are logits (msda_forward's ``softmax``) and
     grad_attn is their gradient, taken in the same kernel; not with
-    ``deterministic``, whose bound needs the weights themselves (msda.py
+    ``deterministic``, whose grad_value takes the weights themselves (msda.py
     runs that backward on point_softmax's weights).
     """
     if softmax and deterministic:
@@ -299,28 +350,30 @@ def msda_backward(grad_output, value, spatial_shapes, level_start_index, samplin
             g_attn = torch.empty_like(grad_attn, dtype=g_dtype)
     go = grad_output.unflatten(-1, (M, D))  # a view for any strides
     acc = _acc_dtype(value, sampling_locations, attention_weights)
-    bound = grad_value_bound(go, attention_weights) if deterministic else None
-    accum = (torch.int64 if deterministic else torch.float32 if fp32_grad_accum
-             else value.dtype)
-    grad_value = torch.empty(value.shape, device=value.device, dtype=accum)
-    # int64 terms take registers: the fixed point takes the fp32 tile (8 points a
-    # chunk), 96 registers in bf16 at D = 32 on sm_90 against 120 with 16.
+    # Without grad_value the fp32 tile (8 points a chunk): the bf16 one spilled at D = 256
+    # on sm_90 (1 register; research/compile_check.py).
     tile = _tile("bwd", value, L * K, B * Q * M, 4 if deterministic else 0)
-    # The fill must be the kernel right before the backward: with PDL the
-    # backward starts while the fill runs, and only its atomics wait for it.
-    # (This assumes no other thread queues work on the same stream in
-    # between, which PyTorch's stream semantics leave to the caller anyway.)
-    pdl = fill_zeros(grad_value)
+    grad_value, pdl, gv_strides = None, False, (0, 0, 0)
+    if not deterministic:
+        accum = torch.float32 if fp32_grad_accum else value.dtype
+        grad_value = torch.empty(value.shape, device=value.device, dtype=accum)
+        gv_strides = grad_value.stride()[:3]
+        # The fill must be the kernel right before the backward: with PDL the
+        # backward starts while the fill runs, and only its atomics wait for it.
+        # (This assumes no other thread queues work on the same stream in
+        # between, which PyTorch's stream semantics leave to the caller anyway.)
+        pdl = fill_zeros(grad_value)
     with _device_guard(value):
         msda_bwd_kernel[_grid(value, Q, tile["BLOCK_Q"])](
             go, value, spatial_shapes, level_start_index, sampling_locations, attention_weights,
-            grad_value, grad_loc, g_attn, bound, grad_logit,
+            grad_value, grad_loc, g_attn, grad_logit,
             Q, S, D,
             *go.stride(), *value.stride(), *sampling_locations.stride(),
             *attention_weights.stride(),
-            *grad_value.stride()[:3], *grad_loc.stride(), *g_attn.stride(),
+            *gv_strides, *grad_loc.stride(), *g_attn.stride(),
             L=L, K=K, ACC=acc, PDL=pdl, SOFTMAX=softmax, launch_pdl=pdl, **tile,
         )
     if deterministic:
-        return _fixed_to_float(grad_value, bound, value.dtype, acc), grad_loc, grad_attn
+        grad_value = _deterministic_grad_value(go, value, spatial_shapes, level_start_index,
+                                               sampling_locations, attention_weights, acc)
     return grad_value.to(value.dtype), grad_loc, grad_attn

@@ -127,7 +127,7 @@ def _backward_impl(grad_output, value, spatial_shapes, level_start_index, sampli
 def _deterministic_backward(grad_output, value, spatial_shapes, level_start_index,
                             sampling_locations, attention_weights, softmax):
     """The fixed-point backward; with ``softmax`` the weights are logits: it
-    runs on their point_softmax p (its grad_value bound needs the weights),
+    runs on their point_softmax p (its grad_value needs the weights),
     and the logits' gradient is softmax's own backward of grad_attn.
 
     The default backward takes the softmax inside its kernel instead; here p
@@ -279,9 +279,10 @@ def multi_scale_deformable_attention(
             device: grad_value is at least as accurate as with
             fp32_grad_accum=True, and NaN throughout a head whose
             grad_output or attention_weights hold inf or NaN (or whose bound
-            passes 2**127, 2**1023 for fp64 inputs).  The cost: an int64
-            buffer the size of value, zeroed and converted, and int64
-            atomics (docs/determinism.md).  grad_sampling_locations and
+            passes 2**127, 2**1023 for fp64 inputs).  The cost: the
+            samples counting-sorted by cell on the device, then a gather
+            per value row instead of atomics (docs/determinism.md).
+            grad_sampling_locations and
             grad_attention_weights have no atomics: deterministic either way.
         softmax: attention_weights are raw logits, and the weights are
             their softmax over the L * K points of each (query, head),

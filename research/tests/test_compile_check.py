@@ -5,7 +5,8 @@ What is checked is what the accumulation-mode auto-selection rests on: bf16
 atomic adds are a CAS loop on sm_80 (so auto picks the fp32 scratch there),
 fp32 adds are native on both archs, and the vectorised bf16 adds of the
 current tile layout are native on sm_90 (so auto keeps bf16 there); and
-that the deterministic backward's int64 adds are native on both.
+that the deterministic backward's grad_value kernels have no atomic adds
+but one native 32-bit increment a sample.
 """
 import json
 import os
@@ -18,14 +19,14 @@ import pytest
 TOOL = Path(__file__).resolve().parents[1] / "compile_check.py"
 
 
-def _compile_check(out: Path, *args: str, kernel: str = "bwd", dtypes=("bf16",)) -> list:
-    """The rows of ``research/compile_check.py args`` for one kernel (default:
-    the bf16 backward).
+def _compile_check(out: Path, *args: str, kernels=("bwd",), dtypes=("bf16",)) -> list:
+    """The rows of ``research/compile_check.py args`` for some kernels
+    (default: the bf16 backward).
 
     A subprocess, because conftest.py turned the interpreter on in this
     process, and interpreted kernels cannot be compiled."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    run = subprocess.run([sys.executable, str(TOOL), "--dtypes", *dtypes, "--kernels", kernel,
+    run = subprocess.run([sys.executable, str(TOOL), "--dtypes", *dtypes, "--kernels", *kernels,
                           *args, "--json", str(out)],
                          env=env, capture_output=True, text=True, timeout=600)
     print(run.stdout)  # the table, shown with -s or on failure
@@ -90,18 +91,33 @@ def test_backward_waits_for_the_fill_only_where_pdl_exists(rows, arch):
         assert row["pdl_waits"] == (1 if arch >= 90 else 0), row
 
 
-def test_deterministic_backward_adds_native_int64(all_rows):
-    # Integer addition is associative, and a 64-bit add is one RED on both
-    # archs (no CAS loop); the fill wait stays where PDL exists.
+def test_deterministic_backward_adds_no_grad_value(all_rows):
+    # msda_bwd_kernel given no grad_value: grad_loc and grad_attn only, no
+    # atomics, and no fill to wait for.
     det = {r["arch"]: r for r in all_rows if r["deterministic"]}
     assert set(det) == {80, 90}
-    for arch, row in det.items():
-        assert row["error"] is None and not row["cas_loop"], row
-        assert row["ptx_atomics"] and all(op.endswith(".add.u64")
-                                          for op in row["ptx_atomics"]), row
-        assert row["sass_atomics"] and all(".ADD.64." in op for op in row["sass_atomics"]), row
-        assert row["pdl_waits"] == (1 if arch >= 90 else 0), row
+    for row in det.values():
+        assert row["error"] is None and not row["ptx_atomics"] and not row["sass_atomics"], row
+        assert row["pdl_waits"] == 0, row
         assert row["spill_stores"] == 0 and row["spill_loads"] == 0, row
+
+
+def test_deterministic_grad_value_kernels_count_with_native_int32_adds(tmp_path):
+    # The bucketed gather: one native 32-bit atomic increment a sample in
+    # bucket_count_kernel (no CAS loop), none in the fill and the gather,
+    # which sums its int64 terms in registers; no spills at D = 32.
+    rows = _compile_check(tmp_path / "rows.json", "--archs", "80", "90", "--head-dims", "32",
+                          kernels=("bucket_count", "bucket_fill", "gather"),
+                          dtypes=("bf16", "fp32"))
+    assert {(r["kernel"], r["arch"]) for r in rows} == {
+        (k, a) for k in ("bucket_count", "bucket_fill", "gather") for a in (80, 90)}
+    for row in rows:
+        assert row["error"] is None and not row["cas_loop"], row
+        assert row["spill_stores"] == 0 and row["spill_loads"] == 0, row
+        if row["kernel"] == "bucket_count":
+            assert row["ptx_atomics"] == {"atom.global.gpu.relaxed.add.u32": 1}, row
+        else:
+            assert not row["ptx_atomics"] and not row["sass_atomics"], row
 
 
 def test_wide_heads_do_not_spill(tmp_path):
@@ -117,7 +133,7 @@ def test_pairs_forward_reads_16_byte_words_without_spills(tmp_path):
     # words of two channels: at D = 32 each corner row must still be one
     # 16-byte load per thread, on both archs.
     rows = _compile_check(tmp_path / "rows.json", "--archs", "80", "90", "--head-dims", "32",
-                          kernel="fwd_pairs", dtypes=("bf16", "fp16"))
+                          kernels=("fwd_pairs",), dtypes=("bf16", "fp16"))
     assert len(rows) == 4
     for row in rows:
         assert row["error"] is None, row
@@ -130,7 +146,7 @@ def test_fused_softmax_forward_adds_exps_only(tmp_path):
     # and a max pass over the logits, the value rows read as before and no
     # spills; the default variants have no exp at all.
     rows = _compile_check(tmp_path / "rows.json", "--archs", "90", "--head-dims", "32",
-                          "--softmax", kernel="fwd", dtypes=("bf16", "fp32"))
+                          "--softmax", kernels=("fwd",), dtypes=("bf16", "fp32"))
     by_key = {(r["arch"], r["dtype"], r["softmax"]): r for r in rows}
     assert len(by_key) == 4
     for (arch, dtype, softmax), row in by_key.items():
@@ -188,7 +204,7 @@ def test_dump_writes_code_without_debug_lines(tmp_path):
     # --dump: what two checkouts' code is compared by (debug lines and
     # labels move with every source line and are left out).
     rows = _compile_check(tmp_path / "rows.json", "--archs", "90", "--head-dims", "32",
-                          "--dump", str(tmp_path / "dump"), kernel="fwd", dtypes=("fp32",))
+                          "--dump", str(tmp_path / "dump"), kernels=("fwd",), dtypes=("fp32",))
     assert len(rows) == 1 and rows[0]["error"] is None
     ptx = (tmp_path / "dump" / "fwd-sm90-fp32-d32.ptx").read_text()
     sass = (tmp_path / "dump" / "fwd-sm90-fp32-d32.sass").read_text()

@@ -50,6 +50,11 @@ def test_tiles_and_query_order_give_bitwise_identical_grad_value(dtype):
         with launch.tile_override(bwd=tile):
             _, grads, _ = run_op(args, grad_out=g, deterministic=True)
         assert_equal(grads["value"], first["value"])
+    # The gather's (rows, warps, entries a step): other programs own each row.
+    for tile in [(1, 1, 4), (2, 1, 8), (4, 4, 32)]:
+        with launch.tile_override(gather=tile):
+            _, grads, _ = run_op(args, grad_out=g, deterministic=True)
+        assert_equal(grads["value"], first["value"])
     perm = torch.randperm(900, device="cuda")
     permuted_args, permuted_g = permuted(args, g, perm)
     _, grads, _ = run_op(permuted_args, grad_out=permuted_g, deterministic=True)
@@ -68,8 +73,9 @@ def test_grad_value_is_no_less_accurate_than_the_fp32_accumulator(dtype):
 
 
 def test_cuda_graph_replays_the_deterministic_backward():
-    # No host synchronisation: the bound, the fill, the backward and the
-    # conversion all capture, and replays give the eager gradients.
+    # No host synchronisation: the bound, the backward, the sort (counts,
+    # cumsum, fill) and the gather all capture, and replays give the eager
+    # gradients.
     args = _inputs(torch.bfloat16, 0.2, 0.4, seed=2)
     static = {k: (args[k].clone().requires_grad_() if k in FLOAT_INPUTS else args[k])
               for k in args}

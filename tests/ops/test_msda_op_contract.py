@@ -126,16 +126,30 @@ def test_auto_accumulator_per_dtype():
 
 
 class _KernelSpy:
-    """Stands in for msda_bwd_kernel: records grad_value's dtype, then runs it."""
+    """Stands in for a kernel: records the dtype of its argument ``arg`` (a
+    grad_value pointer; None where none is passed), then runs it."""
 
-    def __init__(self, kernel):
-        self.kernel, self.accum_dtypes = kernel, []
+    def __init__(self, kernel, arg):
+        self.kernel, self.arg, self.accum_dtypes = kernel, arg, []
 
     def __getitem__(self, grid):
         def launch_(*args, **kwargs):
-            self.accum_dtypes.append(args[6].dtype)  # grad_value_ptr
+            gv = args[self.arg]
+            self.accum_dtypes.append(None if gv is None else gv.dtype)
             return self.kernel[grid](*args, **kwargs)
         return launch_
+
+
+def _bwd_spy(monkeypatch):
+    spy = _KernelSpy(launch.msda_bwd_kernel, 6)  # grad_value_ptr
+    monkeypatch.setattr(launch, "msda_bwd_kernel", spy)
+    return spy
+
+
+def _gather_spy(monkeypatch):
+    spy = _KernelSpy(launch.grad_value_gather_kernel, 8)  # grad_value_ptr
+    monkeypatch.setattr(launch, "grad_value_gather_kernel", spy)
+    return spy
 
 
 @pytest.mark.parametrize("dtype,flag,deterministic,accum", [
@@ -144,27 +158,28 @@ class _KernelSpy:
     (torch.float16, None, None, torch.float16),
     (torch.float16, True, None, torch.float32),
     (torch.float32, None, None, torch.float32),
-    # The deterministic backward sums in int64, whatever fp32_grad_accum says
-    # (even False for bf16, which the interpreter could not run).
-    (torch.bfloat16, False, True, torch.int64),
-    (torch.float16, True, True, torch.int64),
-    (torch.float64, None, True, torch.int64),
+    # The deterministic backward adds no grad_value in msda_bwd_kernel,
+    # whatever fp32_grad_accum says (even False for bf16, which the
+    # interpreter could not run): the gather kernel writes it.
+    (torch.bfloat16, False, True, None),
+    (torch.float16, True, True, None),
+    (torch.float64, None, True, None),
 ], ids=str)
 def test_backward_uses_selected_accumulator(monkeypatch, dtype, flag, deterministic, accum):
-    spy = _KernelSpy(launch.msda_bwd_kernel)
-    monkeypatch.setattr(launch, "msda_bwd_kernel", spy)
+    spy, gather = _bwd_spy(monkeypatch), _gather_spy(monkeypatch)
     args, _ = make_inputs(dtype=dtype)
     _, grads, _ = run_op(args, fp32_grad_accum=flag, deterministic=deterministic)
     assert spy.accum_dtypes == [accum]
+    # It sums in int64 registers and stores value's dtype.
+    assert gather.accum_dtypes == ([dtype] if deterministic else [])
     assert grads["value"].dtype == dtype
 
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_deterministic_mode_runs_the_fixed_point_backward(monkeypatch, device):
-    # use_deterministic_algorithms(True) takes the int64 backward instead of
-    # raising: the gradients of deterministic=True, bit for bit, silently.
-    spy = _KernelSpy(launch.msda_bwd_kernel)
-    monkeypatch.setattr(launch, "msda_bwd_kernel", spy)
+    # use_deterministic_algorithms(True) takes the fixed-point backward instead
+    # of raising: the gradients of deterministic=True, bit for bit, silently.
+    spy, gather = _bwd_spy(monkeypatch), _gather_spy(monkeypatch)
     a = _on(make_inputs()[0], device)
     _, det, g = run_op(a, deterministic=True)
     prev = torch.are_deterministic_algorithms_enabled()
@@ -175,7 +190,8 @@ def test_deterministic_mode_runs_the_fixed_point_backward(monkeypatch, device):
             _, grads, _ = run_op(a, grad_out=g)
     finally:
         torch.use_deterministic_algorithms(prev)
-    assert spy.accum_dtypes == [torch.int64, torch.int64]
+    assert spy.accum_dtypes == [None, None]
+    assert gather.accum_dtypes == [torch.float32, torch.float32]
     for k in FLOAT_INPUTS:
         torch.testing.assert_close(grads[k], det[k], rtol=0, atol=0)
 

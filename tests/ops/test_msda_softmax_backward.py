@@ -37,7 +37,7 @@ class _BackwardSpy:
     def __getitem__(self, grid):
         def launch_(*args, **kwargs):
             self.launches.append(dict(softmax=kwargs["SOFTMAX"], weights=args[5],
-                                      grad_attn=args[8], grad_logit=args[10]))
+                                      grad_attn=args[8], grad_logit=args[9]))
             return self.kernel[grid](*args, **kwargs)
         return launch_
 

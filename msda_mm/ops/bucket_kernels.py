@@ -1,0 +1,195 @@
+"""The deterministic backward's grad_value: samples sorted into buckets by
+cell, then gathered per value row, summed in int64 fixed point in registers.
+
+A live sample (b, q, m, l, k) (kernels._cell) has its top-left bilinear
+corner (y0, x0) in [-1, H_l-1] x [-1, W_l-1]: its cell on level l's
+extended grid of (H_l+1) x (W_l+1).  Its bucket is
+(b*M + m) * CELLS + ext_start_l + (y0+1) * (W_l+1) + (x0+1), ext_start_l the
+extended grids of the levels before l; dead samples go in no bucket.  A
+counting sort, all on the device: bucket_count_kernel ranks each sample in
+its bucket with an atomic increment, an exclusive cumsum of the counts
+gives each bucket's first entry, bucket_fill_kernel writes each sample's
+index q * L*K + l*K + k to its bucket's entries.  The order inside a
+bucket varies run to run; the integer sums of grad_value_gather_kernel do
+not depend on it.
+
+Value row (y, x) of a level is corner 11 of cell (y-1, x-1), 10 of
+(y-1, x), 01 of (y, x-1) and 00 of (y, x): extended cells (y, x), (y, x+1),
+(y+1, x) and (y+1, x+1), two pairs of neighbours whose entries are
+contiguous, so grad_value_gather_kernel reads two ranges a row.
+"""
+import triton
+import triton.language as tl
+
+from .kernels import (
+    _bilinear_weights,
+    _cell,
+    _chunk_points,
+    _fixed_point_exponent,
+    _fixed_to_float,
+    _grad_value_terms,
+    _head_base,
+    _point_ptrs,
+    _program_queries,
+    _program_tile,
+    _row_ptrs,
+)
+
+
+@triton.jit
+def _ext_start(l, shapes_ptr, L: tl.constexpr):
+    """Where level l's extended grid starts among a head's cells: the sum of
+    (H_j+1) * (W_j+1) over the levels j < l (int64, l's shape)."""
+    start = tl.zeros(l.shape, dtype=tl.int64)
+    for j in tl.static_range(L - 1):
+        h = tl.load(shapes_ptr + 2 * j).to(tl.int64)
+        w = tl.load(shapes_ptr + 2 * j + 1).to(tl.int64)
+        start += tl.where(j < l, (h + 1) * (w + 1), 0)
+    return start
+
+
+@triton.jit
+def _sample_slots(p0, b, m, q, qmask, Q, L: tl.constexpr, K: tl.constexpr,
+                  BLOCK_P: tl.constexpr):
+    """Chunk p0's points of this program's queries: l, k, the in-bounds mask
+    ([BLOCK_Q, BLOCK_P]), each sample's index within its head (q * L*K + p)
+    and its slot in the per-sample (B, M, Q * L*K) arrays (int64)."""
+    l, k, pmask = _chunk_points(p0, L, K, BLOCK_P)
+    inside = qmask[:, None] & pmask[None, :]
+    sample = q.to(tl.int64)[:, None] * (L * K) + (p0 + tl.arange(0, BLOCK_P))[None, :]
+    head = b.to(tl.int64) * tl.num_programs(1) + m
+    return l, k, inside, sample, head * Q * (L * K) + sample
+
+
+@triton.jit
+def bucket_count_kernel(
+    shapes_ptr, loc_ptr, buckets_ptr, ranks_ptr, counts_ptr, Q, CELLS,
+    stride_lb, stride_lq, stride_lm, stride_ll, stride_lk, stride_lc,
+    L: tl.constexpr, K: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_P: tl.constexpr,
+    ACC: tl.constexpr,
+):
+    """Per sample: its bucket (-1 if dead) into buckets, and its rank among
+    its bucket's samples, an atomic increment of counts[1 + bucket], into
+    ranks.  buckets and ranks (B * M * Q * L*K,), counts (B * M * CELLS + 1,)
+    zero-filled, all of one integer dtype.  A cell outside [0, CELLS)
+    (shapes that do not tile value) puts its sample in no bucket.
+    Grid: (cdiv(Q, BLOCK_Q), M, B)."""
+    b, m, q, qmask = _program_queries(Q, BLOCK_Q)
+    for p0 in range(0, L * K, BLOCK_P):
+        l, k, inside, sample, slot = _sample_slots(p0, b, m, q, qmask, Q, L, K, BLOCK_P)
+        H = tl.load(shapes_ptr + 2 * l).to(tl.int32)[None, :]
+        W = tl.load(shapes_ptr + 2 * l + 1).to(tl.int32)[None, :]
+        lp = _point_ptrs(loc_ptr, b, q, m, l, k, stride_lb, stride_lq, stride_lm, stride_ll,
+                         stride_lk)
+        x = tl.load(lp, mask=inside, other=0.0).to(ACC)
+        y = tl.load(lp + stride_lc, mask=inside, other=0.0).to(ACC)
+        live, x0, y0, lx, ly = _cell(x, y, H, W, inside)
+        cell = (_ext_start(l, shapes_ptr, L)[None, :] + (y0 + 1).to(tl.int64) * (W + 1)
+                + (x0 + 1))
+        live &= (cell >= 0) & (cell < CELLS)
+        bucket = (b.to(tl.int64) * tl.num_programs(1) + m) * CELLS + cell
+        rank = tl.atomic_add(counts_ptr + 1 + bucket, 1, mask=live, sem="relaxed")
+        tl.store(buckets_ptr + slot, tl.where(live, bucket, -1), mask=inside)
+        tl.store(ranks_ptr + slot, rank, mask=live)
+
+
+@triton.jit
+def bucket_fill_kernel(buckets_ptr, ranks_ptr, offsets_ptr, entries_ptr, Q, L: tl.constexpr,
+                       K: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_P: tl.constexpr):
+    """entries[offsets[bucket] + rank] = the sample's index within its head,
+    for every bucketed sample (buckets and ranks from bucket_count_kernel;
+    offsets the exclusive cumsum of the counts).  Grid: (cdiv(Q, BLOCK_Q), M, B)."""
+    b, m, q, qmask = _program_queries(Q, BLOCK_Q)
+    for p0 in range(0, L * K, BLOCK_P):
+        l, k, inside, sample, slot = _sample_slots(p0, b, m, q, qmask, Q, L, K, BLOCK_P)
+        bucket = tl.load(buckets_ptr + slot, mask=inside, other=-1)
+        live = bucket >= 0
+        rank = tl.load(ranks_ptr + slot, mask=live, other=0)
+        first = tl.load(offsets_ptr + bucket, mask=live, other=0)
+        tl.store(entries_ptr + first + rank, sample.to(entries_ptr.dtype.element_ty), mask=live)
+
+
+@triton.jit
+def _row_levels(s, shapes_ptr, starts_ptr, L: tl.constexpr):
+    """Level l of each value row s and its H, W, start (int32, s's shape)."""
+    lvl = tl.zeros(s.shape, dtype=tl.int32)
+    for j in tl.static_range(1, L):
+        lvl += (s >= tl.load(starts_ptr + j)).to(tl.int32)
+    H = tl.load(shapes_ptr + 2 * lvl).to(tl.int32)
+    W = tl.load(shapes_ptr + 2 * lvl + 1).to(tl.int32)
+    return lvl, H, W, tl.load(starts_ptr + lvl).to(tl.int32)
+
+
+@triton.jit
+def grad_value_gather_kernel(
+    grad_out_ptr, shapes_ptr, starts_ptr, loc_ptr, attn_ptr, bound_ptr, offsets_ptr,
+    entries_ptr, grad_value_ptr,
+    Q, S, CELLS, D: tl.constexpr,
+    stride_gob, stride_goq, stride_gom, stride_god,
+    stride_lb, stride_lq, stride_lm, stride_ll, stride_lk, stride_lc,
+    stride_ab, stride_aq, stride_am, stride_al, stride_ak,
+    stride_gvb, stride_gvs, stride_gvm,
+    L: tl.constexpr, K: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_E: tl.constexpr,
+    BLOCK_D: tl.constexpr, ACC: tl.constexpr,
+):
+    """grad_value (B, S, M, D), unit channel stride, every row written: for
+    each of BLOCK_S value rows, the fixed-point terms of the samples in the
+    four cells it is a corner of, BLOCK_E entries at a time, each term
+    bitwise msda_bwd_kernel's (_bilinear_corners' fractions,
+    _bilinear_weights, _grad_value_terms), summed in int64 registers and
+    converted once (_fixed_to_float).  bound_ptr (B, M) float64 (see
+    _fixed_point_exponent): a head without a fixed point is NaN, its
+    buckets unread.  Grid: (cdiv(S, BLOCK_S), M, B); program 0 takes the
+    last rows, the coarsest level's, whose buckets are the fullest, so
+    that the longest programs start first."""
+    b, m, r, rmask, offs_d, dmask = _program_tile(S, D, BLOCK_S, BLOCK_D)
+    s = S - 1 - r
+    lvl, H, W, start = _row_levels(s, shapes_ptr, starts_ptr, L)
+    # A level is empty of rows where shapes do not tile value (W < 1 or rows
+    # past the last level): those rows get no entries, and no division by 0.
+    W1 = tl.maximum(W, 1)
+    y = (s - start) // W1
+    x = (s - start) - y * W1
+    e, ok = _fixed_point_exponent(bound_ptr, b, m, ACC)
+    row_ok = rmask & ok & (W >= 1) & (y < H)
+    head = (b.to(tl.int64) * tl.num_programs(1) + m) * CELLS
+    go_base = _head_base(grad_out_ptr, b, m, stride_gob, stride_gom)
+    loc_base = _head_base(loc_ptr, b, m, stride_lb, stride_lm)
+    attn_base = _head_base(attn_ptr, b, m, stride_ab, stride_am)
+    dm = dmask[None, None, :]
+    acc = tl.zeros([BLOCK_S, BLOCK_D], dtype=tl.int64)
+    for dy in tl.static_range(2):
+        # Extended cells (y + dy, x) and (y + dy, x + 1): the row is their
+        # samples' bottom (dy 0) or top (dy 1), right or left corner.
+        left = _ext_start(lvl, shapes_ptr, L) + (y + dy).to(tl.int64) * (W + 1) + x
+        valid = row_ok & (left >= 0) & (left + 2 <= CELLS)
+        lo = tl.load(offsets_ptr + head + left, mask=valid, other=0)
+        mid = tl.load(offsets_ptr + head + left + 1, mask=valid, other=0)
+        hi = tl.load(offsets_ptr + head + left + 2, mask=valid, other=0)
+        n = tl.where(valid, hi - lo, 0)
+        for j0 in range(0, tl.max(n, axis=0), BLOCK_E):
+            j = j0 + tl.arange(0, BLOCK_E)[None, :]
+            live = j < n[:, None]
+            pos = lo[:, None] + j
+            sample = tl.load(entries_ptr + pos, mask=live, other=0)
+            q = (sample // (L * K)).to(tl.int64)
+            p = sample % (L * K)
+            lp = loc_base + q * stride_lq + (p // K) * stride_ll + (p % K) * stride_lk
+            x_loc = tl.load(lp, mask=live, other=0.0).to(ACC)
+            y_loc = tl.load(lp + stride_lc, mask=live, other=0.0).to(ACC)
+            w = tl.load(attn_base + q * stride_aq + (p // K) * stride_al + (p % K) * stride_ak,
+                        mask=live, other=0.0).to(ACC)
+            in_level, x0, y0, lx, ly = _cell(x_loc, y_loc, H[:, None], W[:, None], live)
+            c00, c01, c10, c11 = _bilinear_weights(w, lx, ly)
+            if dy == 0:
+                c = tl.where(pos < mid[:, None], c11, c10)
+            else:
+                c = tl.where(pos < mid[:, None], c01, c00)
+            go = tl.load(go_base + q[:, :, None] * stride_goq
+                         + (offs_d * stride_god)[None, None, :],
+                         mask=live[:, :, None] & dm, other=0.0).to(ACC)
+            acc += tl.sum(_grad_value_terms(c[:, :, None], go, e, tl.int64, ACC), axis=1)
+    gv_base = _head_base(grad_value_ptr, b, m, stride_gvb, stride_gvm)
+    tl.store(_row_ptrs(gv_base, s, stride_gvs, offs_d, 1),
+             _fixed_to_float(acc, e, ok, grad_value_ptr.dtype.element_ty, ACC),
+             mask=rmask[:, None] & dmask[None, :])

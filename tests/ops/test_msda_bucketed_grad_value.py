@@ -1,0 +1,144 @@
+"""The deterministic backward's bucketed gather in the interpreter: the
+counting sort against a PyTorch histogram, and grad_value bitwise the
+PyTorch fixed-point reference (fixed_point_reference.py) where buckets are
+as full as they get, where samples sit on the level borders, and whatever
+the gather kernel's tile."""
+import pytest
+import torch
+import triton.language as tl
+
+from msda_mm.ops import launch
+
+from fixed_point_reference import fixed_point_grad_value
+from msda_inputs import FLOAT_INPUTS, FLOOR, make_inputs, reference_fn, rel_err, run_op
+
+SHAPES = ((4, 5), (2, 3))
+DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
+
+
+def _inputs(dtype, seed=0, lo=-0.5, hi=1.5, Q=6):
+    return make_inputs(B=2, Q=Q, M=2, D=4, shapes=SHAPES, K=2, dtype=dtype, lo=lo, hi=hi,
+                       seed=seed)[0]
+
+
+def _grad_value(args, g, **kw):
+    return run_op(args, grad_out=g, deterministic=True, **kw)[1]["value"]
+
+
+def _check(args, seed=0):
+    """grad_value bitwise the fixed-point reference, and close to fp64."""
+    B, Q, M = args["attention_weights"].shape[:3]
+    g = torch.randn(B, Q, M * args["value"].shape[3], dtype=torch.float64,
+                    generator=torch.Generator().manual_seed(seed)).to(args["value"].dtype)
+    got = _grad_value(args, g)
+    want = fixed_point_grad_value(args["value"], args["spatial_shapes"],
+                                  args["sampling_locations"], args["attention_weights"], g)
+    torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)
+    f64 = {k: (v.double() if k in FLOAT_INPUTS else v) for k, v in args.items()}
+    truth = run_op(f64, fn=reference_fn, grad_out=g.double())[1]["value"]
+    # The existing accuracy floor (msda_inputs.FLOOR): the fixed point adds
+    # under 2**-61 of the bound a term to the fp32 set-up's and the store's roundings.
+    assert rel_err(got, truth) <= FLOOR[args["value"].dtype]
+    return got
+
+
+def _with_locations(args, x, y):
+    loc = args["sampling_locations"].clone()
+    loc[..., 0], loc[..., 1] = x, y
+    return dict(args, sampling_locations=loc)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_random_locations_match_the_fixed_point_reference(dtype):
+    got = _check(_inputs(dtype, seed=1), seed=1)
+    assert got.count_nonzero() > 0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_every_sample_in_one_cell(dtype):
+    # All locations equal: per (b, m, level) one bucket holds the head's 12
+    # samples of that level (Q 6 x K 2; three steps of BLOCK_E = 4 under the
+    # override), and its four corner rows take them all.
+    args = _with_locations(_inputs(dtype, seed=2), 0.43, 0.61)
+    _check(args, seed=2)
+    with launch.tile_override(gather=(1, 1, 4)):
+        _check(args, seed=2)
+
+
+def _borders(dtype):
+    """Per level, x_im and y_im at -1 exactly, just inside W (H), at W
+    exactly, just under -1 and inside: a (5, 5) grid of samples, Q = 25
+    queries of one point per level."""
+    args = make_inputs(B=1, Q=25, M=2, D=4, shapes=SHAPES, K=1, dtype=dtype, seed=3)[0]
+    loc = args["sampling_locations"]
+    for lvl, (H, W) in enumerate(SHAPES):
+        for c, n in ((0, W), (1, H)):
+            im = torch.tensor([-1.0, n - 2.0**-8, float(n), -1.0 - 2.0**-8, 0.3],
+                              dtype=torch.float64)
+            norm = ((im + 0.5) / n).to(loc.dtype)
+            grid = norm[:, None].expand(5, 5) if c == 1 else norm[None, :].expand(5, 5)
+            loc[0, :, :, lvl, 0, c] = grid.reshape(25, 1)
+    return args
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+def test_samples_on_the_borders(dtype):
+    # x_im = -1 touches column 0 with weight lx = 0; just under W touches
+    # column W-1; W and below -1 are outside (no bucket, no term).
+    got = _check(_borders(dtype), seed=3)
+    assert got.count_nonzero() > 0
+
+
+def test_bucket_counts_are_the_histogram_of_the_cells():
+    args = _inputs(torch.float32, seed=4, Q=9)
+    value, loc = args["value"], args["sampling_locations"]
+    B, S, M, _ = value.shape
+    _, Q, _, L, K, _ = loc.shape
+    loc[0, 0, 0, 0, 0] = float("nan")  # never live: in no bucket
+    cells, offsets, entries = launch.bucket_samples(value, args["spatial_shapes"], loc,
+                                                    tl.float32)
+    # Each live sample's (bucket, index within its head) as one key, from PyTorch.
+    keys, start = [], 0
+    head = torch.arange(B)[:, None, None, None] * M + torch.arange(M)[None, None, :, None]
+    for lvl, (H, W) in enumerate(SHAPES):
+        x_im, y_im = loc[:, :, :, lvl, :, 0] * W - 0.5, loc[:, :, :, lvl, :, 1] * H - 0.5
+        live = (x_im >= -1) & (x_im < W) & (y_im >= -1) & (y_im < H)
+        cell = start + (y_im.floor().long() + 1) * (W + 1) + x_im.floor().long() + 1
+        index = (torch.arange(Q)[None, :, None, None] * L * K + lvl * K
+                 + torch.arange(K)[None, None, None, :])
+        keys.append(((head * cells + cell) * Q * L * K + index)[live])
+        start += (H + 1) * (W + 1)
+    keys = torch.cat(keys).sort().values
+    hist = torch.bincount(keys // (Q * L * K), minlength=B * M * cells)
+    assert offsets[0] == 0 and torch.equal(offsets.diff().long(), hist)
+    # Each bucket holds its own samples, in some order.
+    got = torch.cat([i * Q * L * K + entries[offsets[i]:offsets[i + 1]].long()
+                     for i in range(B * M * cells)])
+    assert torch.equal(got.sort().values, keys)
+
+
+def test_gather_tiles_leave_grad_value_bitwise_unchanged():
+    args = _inputs(torch.float32, seed=5, lo=0.3, hi=0.7)
+    g = torch.randn(2, 6, 8, generator=torch.Generator().manual_seed(5))
+    first = _grad_value(args, g)
+    for tile in [(1, 1, 1), (1, 1, 2), (2, 1, 4), (4, 2, 2), (8, 1, 16), (32, 4, 8)]:
+        with launch.tile_override(gather=tile):
+            torch.testing.assert_close(_grad_value(args, g), first, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("shapes", [((4, 5), (3, 3)),  # the last level runs 3 rows past S
+                                    ((4, 5), (40000, 60000))])  # cells far past the bound
+def test_shapes_that_disagree_with_value_stay_in_bounds(shapes):
+    # As test_msda_edge_cases' test for the float path: the launcher called
+    # directly (the op would raise on CPU shapes), value covering level 0 and 6
+    # positions of level 1.  Rows past the shapes' cells and cells past the
+    # bound 2 S + 2 L take no samples; the rows of value get finite sums.
+    args = make_inputs(B=1, Q=6, M=2, D=8, shapes=SHAPES, K=2, lo=0.0, hi=1.0, seed=6)[0]
+    shapes_t, starts = torch.tensor(shapes), torch.tensor([0, 20])
+    value, loc, attn = args["value"], args["sampling_locations"], args["attention_weights"]
+    grad_out = torch.randn(1, 6, 16, generator=torch.Generator().manual_seed(6))
+    det = launch.msda_backward(grad_out, value, shapes_t, starts, loc, attn, False, True)[0]
+    assert det.shape == value.shape and torch.isfinite(det).all()
+    if shapes[1][0] < 100:  # no wrapped index: the float backward's sums, rows past S dropped
+        default = launch.msda_backward(grad_out, value, shapes_t, starts, loc, attn, True)[0]
+        torch.testing.assert_close(det, default)
