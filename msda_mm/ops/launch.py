@@ -9,7 +9,7 @@ import os
 import torch
 import triton.language as tl
 
-from . import bucket_kernels, kernels
+from . import bound_kernel, bucket_kernels, kernels
 from .fast_launch import FastLaunch
 
 # The kernels as this module launches them: through FastLaunch (repeat
@@ -18,6 +18,7 @@ msda_fwd_kernel = FastLaunch(kernels.msda_fwd_kernel)
 msda_fwd_pairs_kernel = FastLaunch(kernels.msda_fwd_pairs_kernel)
 msda_bwd_kernel = FastLaunch(kernels.msda_bwd_kernel)
 zero_fill_kernel = FastLaunch(kernels.zero_fill_kernel)
+grad_value_bound_kernel = FastLaunch(bound_kernel.grad_value_bound_kernel)
 bucket_count_kernel = FastLaunch(bucket_kernels.bucket_count_kernel)
 bucket_fill_kernel = FastLaunch(bucket_kernels.bucket_fill_kernel)
 grad_value_gather_kernel = FastLaunch(bucket_kernels.grad_value_gather_kernel)
@@ -233,9 +234,14 @@ def fill_zeros(t: torch.Tensor) -> bool:
     return pdl
 
 
+# grad_value_bound_kernel's tile: 2048 grad_output elements a 4-warp program (16 a thread).
+_BOUND = dict(ELEMENTS=2048, num_warps=4)
+
+
 def grad_value_bound(go: torch.Tensor, attention_weights: torch.Tensor) -> torch.Tensor:
     """(B, M) float64: a bound on |every partial sum| of grad_value[b, :, m, :]
-    for grad_output ``go`` (B, Q, M, D), computed on the device (no sync).
+    for grad_output ``go`` (B, Q, M, D), computed on the device (no sync) by
+    bound_kernel.py.
 
     Each sample adds its weight times grad_output's row to four corners with
     bilinear weights summing to 1, so a query adds at most
@@ -245,12 +251,20 @@ def grad_value_bound(go: torch.Tensor, attention_weights: torch.Tensor) -> torch
     about 2x for random grad_output), so that the bound, and with it the fixed
     point, is the same whatever the queries' order.  inf or NaN in go or the
     weights make it inf or NaN."""
-    go_max = torch.linalg.vector_norm(go, float("inf"), dim=-1)  # exact in go's dtype
-    # fp32 at least: a sum of 16-bit weights could overflow fp16.
-    w_sum = torch.linalg.vector_norm(
-        attention_weights, 1, dim=(-2, -1),
-        dtype=torch.promote_types(attention_weights.dtype, torch.float32))
-    return (go_max.double() * w_sum.double()).amax(1) * go.shape[1]
+    B, Q, M, D = go.shape
+    _, _, _, L, K = attention_weights.shape
+    bound = torch.zeros(B, M, device=go.device, dtype=torch.float64)
+    block_d = _next_pow2(D)
+    block_q = max(1, _BOUND["ELEMENTS"] // block_d)
+    wide = [tl.float64 if t.dtype == torch.float64 else tl.float32
+            for t in (go, attention_weights)]
+    with _device_guard(go):
+        grad_value_bound_kernel[_grid(go, Q, block_q)](
+            go, attention_weights, bound.view(torch.int64), Q, D, *go.stride(),
+            *attention_weights.stride(), L=L, K=K, BLOCK_Q=block_q,
+            BLOCK_P=min(_next_pow2(L * K), _BOUND["ELEMENTS"] // block_q), BLOCK_D=block_d,
+            MAX_TY=wide[0], SUM_TY=wide[1], num_warps=_BOUND["num_warps"])
+    return bound
 
 
 # The sort kernels' tile: 128 samples a 4-warp program, one a thread.
