@@ -278,31 +278,36 @@ def _cells(S: int, L: int) -> int:
     return 2 * S + 2 * L
 
 
-def bucket_samples(value, spatial_shapes, sampling_locations, acc_dtype):
+def bucket_samples(value, spatial_shapes, sampling_locations, attention_weights, acc_dtype):
     """The samples counting-sorted by cell (bucket_kernels.py): (cells,
-    offsets, entries), where bucket (b * M + m) * cells + c holds
-    entries[offsets[i]:offsets[i + 1]], i the bucket, in an order that
-    varies run to run."""
+    offsets, queries, corners), where bucket (b * M + m) * cells + c holds
+    entries offsets[i]:offsets[i + 1], i the bucket, in an order that varies
+    run to run; entry j's query is queries[j] and its corner weights (00, 01,
+    10, 11) corners[:, j] (acc_dtype)."""
     B, S, M, _ = value.shape
     _, Q, _, L, K, _ = sampling_locations.shape
     cells = _cells(S, L)
     samples = B * M * Q * L * K
-    # One index dtype for buckets, ranks, offsets and entries: int32 where all fit.
+    # One index dtype for ranks, offsets and queries: int32 where all fit.
     index = torch.int32 if max(samples, B * M * cells + 1) < 2**31 else torch.int64
     counts = torch.zeros(B * M * cells + 1, device=value.device, dtype=index)
-    buckets, ranks = torch.empty(2, samples, device=value.device, dtype=index)
-    entries = torch.empty(samples, device=value.device, dtype=index)
+    ranks = torch.empty(samples, device=value.device, dtype=index)
+    queries = torch.empty(samples, device=value.device, dtype=index)
+    corners = torch.empty(4, samples, device=value.device,
+                          dtype=torch.float64 if acc_dtype is tl.float64 else torch.float32)
     block_p = min(_next_pow2(L * K), _SORT["SAMPLES"])
-    sort = dict(BLOCK_Q=_SORT["SAMPLES"] // block_p, BLOCK_P=block_p,
+    sort = dict(BLOCK_Q=_SORT["SAMPLES"] // block_p, BLOCK_P=block_p, ACC=acc_dtype,
                 num_warps=_SORT["num_warps"])
     grid = _grid(value, Q, sort["BLOCK_Q"])
+    loc_strides = sampling_locations.stride()
     with _device_guard(value):
-        bucket_count_kernel[grid](spatial_shapes, sampling_locations, buckets, ranks, counts, Q,
-                                  cells, *sampling_locations.stride(), L=L, K=K, ACC=acc_dtype,
-                                  **sort)
+        bucket_count_kernel[grid](spatial_shapes, sampling_locations, ranks, counts, Q, cells,
+                                  *loc_strides, L=L, K=K, **sort)
         counts.cumsum_(0)  # exclusive starts: counts[0] stays 0, bucket i's count was at i + 1
-        bucket_fill_kernel[grid](buckets, ranks, counts, entries, Q, L=L, K=K, **sort)
-    return cells, counts, entries
+        bucket_fill_kernel[grid](spatial_shapes, sampling_locations, attention_weights, ranks,
+                                 counts, queries, corners, Q, cells, samples, *loc_strides,
+                                 *attention_weights.stride(), L=L, K=K, **sort)
+    return cells, counts, queries, corners
 
 
 def _deterministic_grad_value(go, value, spatial_shapes, level_start_index, sampling_locations,
@@ -312,18 +317,16 @@ def _deterministic_grad_value(go, value, spatial_shapes, level_start_index, samp
     B, S, M, D = value.shape
     _, Q, _, L, K, _ = sampling_locations.shape
     bound = grad_value_bound(go, attention_weights)
-    cells, offsets, entries = bucket_samples(value, spatial_shapes, sampling_locations,
-                                             acc_dtype)
+    cells, offsets, queries, corners = bucket_samples(value, spatial_shapes, sampling_locations,
+                                                      attention_weights, acc_dtype)
     grad_value = torch.empty(value.shape, device=value.device, dtype=value.dtype)
     # A bucket holds at most a head's Q * L * K samples: BLOCK_E needs no more.
     tile = _tile("gather", value, Q * L * K, B * S * M)
     with _device_guard(value):
         grad_value_gather_kernel[_grid(value, S, tile["BLOCK_Q"])](
-            go, spatial_shapes, level_start_index, sampling_locations, attention_weights, bound,
-            offsets, entries, grad_value, Q, S, cells, D,
-            *go.stride(), *sampling_locations.stride(), *attention_weights.stride(),
-            *grad_value.stride()[:3],
-            L=L, K=K, BLOCK_S=tile["BLOCK_Q"], BLOCK_E=tile["BLOCK_P"],
+            go, spatial_shapes, level_start_index, bound, offsets, queries, corners, grad_value,
+            S, cells, queries.numel(), D, *go.stride(), *grad_value.stride()[:3],
+            L=L, BLOCK_S=tile["BLOCK_Q"], BLOCK_E=tile["BLOCK_P"],
             BLOCK_D=tile["BLOCK_D"], ACC=acc_dtype, num_warps=tile["num_warps"])
     return grad_value
 
