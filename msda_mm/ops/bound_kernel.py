@@ -33,8 +33,8 @@ def grad_value_bound_kernel(
     go_max = tl.max(tl.abs(go).to(BITS, bitcast=True), axis=1).to(MAX_TY, bitcast=True)
     w_sum = tl.zeros([BLOCK_Q], dtype=SUM_TY)
     for p0 in range(0, L * K, BLOCK_P):
-        l, k, pmask = _chunk_points(p0, L, K, BLOCK_P)
-        w = tl.load(_point_ptrs(attn_ptr, b, q, m, l, k, stride_ab, stride_aq, stride_am,
+        lvl, k, pmask = _chunk_points(p0, L, K, BLOCK_P)
+        w = tl.load(_point_ptrs(attn_ptr, b, q, m, lvl, k, stride_ab, stride_aq, stride_am,
                                 stride_al, stride_ak),
                     mask=qmask[:, None] & pmask[None, :], other=0.0).to(SUM_TY)
         w_sum += tl.sum(tl.abs(w), axis=1)
