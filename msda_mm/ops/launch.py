@@ -33,9 +33,13 @@ def interpreter_enabled() -> bool:
 # L * K = 16 (wider heads: _tile): the fastest of 13 one- and multi-warp tiles (docs/design.md).
 _TILES = {("fwd", 4): (2, 1, 16), ("fwd", 2): (2, 1, 16),
           ("bwd", 4): (1, 1, 8), ("bwd", 2): (1, 1, 16),
-          # grad_value_gather_kernel's (BLOCK_S rows, num_warps, BLOCK_E entries a step), not
-          # timed: one warp a row; 16 entries spilled at D = 24 (sm_80) and D >= 128 (sm_90 bf16).
-          ("gather", 4): (1, 1, 8), ("gather", 2): (1, 1, 8)}
+          # grad_value_gather_kernel's (BLOCK_S rows, num_warps, BLOCK_E entries a step) for
+          # dense rows (_GATHER_SPARSE): bf16 encoder 1753 us at (1, 1, 16) against 1951 at
+          # (1, 1, 8), fp32 1934 at (1, 1, 32) against 2073 at 16 (per-sample gather).
+          ("gather", 4): (1, 1, 32), ("gather", 2): (1, 1, 16)}
+# Below this many entries a value row (4 * Q * L*K / S: decoder 0.9, encoder 64) the gather
+# takes 8 rows a program: one-entry rows make the grid the cost (16 rows spilled, sm_80 D 24).
+_GATHER_SPARSE = (8, (8, 1, 2))
 # Below this many (batch, query, head) rows a 16-bit (and fp64) forward takes 1 query a
 # program: bf16 decoder 15.6 us against 16.5 with 2 (fp32 keeps 2; docs/design.md).
 _FWD_FEW_ROWS = 1 << 16
@@ -76,9 +80,13 @@ def _tile(kernel: str, value: torch.Tensor, points: int, rows: int,
           element_size: int = 0) -> dict:
     """Launch constants for ``points`` = L * K sampling points per query and
     ``rows`` = B * Q * M (query, head) pairs; the tuned tile is that of
-    value's element size, or of ``element_size`` where given."""
+    value's element size, or of ``element_size`` where given.  The gather
+    takes ``points`` = Q * L * K samples a head and ``rows`` = B * S * M."""
     block_q, num_warps, *block_p = _tile_override.get(
         kernel, _TILES[kernel, min(element_size or value.element_size(), 4)])
+    if (kernel == "gather" and kernel not in _tile_override
+            and 4 * points < _GATHER_SPARSE[0] * value.shape[1]):
+        block_q, num_warps, *block_p = _GATHER_SPARSE[1]
     if (kernel == "fwd" and kernel not in _tile_override and rows < _FWD_FEW_ROWS
             and value.dtype != torch.float32):
         block_q = 1
