@@ -9,9 +9,9 @@ extended grids of the levels before l; dead samples go in no bucket.  A
 counting sort, all on the device: bucket_count_kernel ranks each sample in
 its bucket with an atomic increment, an exclusive cumsum of the counts
 gives each bucket's first entry, bucket_fill_kernel writes each sample's
-index q * L*K + l*K + k to its bucket's entries.  The order inside a
-bucket varies run to run; the integer sums of grad_value_gather_kernel do
-not depend on it.
+record (its query and four bilinear corner weights) to its entry.  The
+order inside a bucket varies run to run; the integer sums of
+grad_value_gather_kernel do not depend on it.
 
 Value row (y, x) of a level is corner 11 of cell (y-1, x-1), 10 of
 (y-1, x), 01 of (y, x-1) and 00 of (y, x): extended cells (y, x), (y, x+1),
@@ -52,61 +52,87 @@ def _ext_start(l, shapes_ptr, L: tl.constexpr):
 def _sample_slots(p0, b, m, q, qmask, Q, L: tl.constexpr, K: tl.constexpr,
                   BLOCK_P: tl.constexpr):
     """Chunk p0's points of this program's queries: l, k, the in-bounds mask
-    ([BLOCK_Q, BLOCK_P]), each sample's index within its head (q * L*K + p)
-    and its slot in the per-sample (B, M, Q * L*K) arrays (int64)."""
+    ([BLOCK_Q, BLOCK_P]) and each sample's slot in the per-sample
+    (B, M, Q * L*K) arrays (int64)."""
     l, k, pmask = _chunk_points(p0, L, K, BLOCK_P)
     inside = qmask[:, None] & pmask[None, :]
     sample = q.to(tl.int64)[:, None] * (L * K) + (p0 + tl.arange(0, BLOCK_P))[None, :]
     head = b.to(tl.int64) * tl.num_programs(1) + m
-    return l, k, inside, sample, head * Q * (L * K) + sample
+    return l, k, inside, head * Q * (L * K) + sample
+
+
+@triton.jit
+def _sample_buckets(p0, b, m, q, qmask, Q, CELLS, shapes_ptr, loc_ptr,
+                    stride_lb, stride_lq, stride_lm, stride_ll, stride_lk, stride_lc,
+                    L: tl.constexpr, K: tl.constexpr, BLOCK_P: tl.constexpr, ACC: tl.constexpr):
+    """Chunk p0's samples ([BLOCK_Q, BLOCK_P]): live (in a bucket), bucket
+    (int64), slot (_sample_slots), bilinear fractions lx, ly, l and k.  A
+    cell outside [0, CELLS) (shapes that do not tile value) is no bucket."""
+    l, k, inside, slot = _sample_slots(p0, b, m, q, qmask, Q, L, K, BLOCK_P)
+    H = tl.load(shapes_ptr + 2 * l).to(tl.int32)[None, :]
+    W = tl.load(shapes_ptr + 2 * l + 1).to(tl.int32)[None, :]
+    lp = _point_ptrs(loc_ptr, b, q, m, l, k, stride_lb, stride_lq, stride_lm, stride_ll,
+                     stride_lk)
+    x = tl.load(lp, mask=inside, other=0.0).to(ACC)
+    y = tl.load(lp + stride_lc, mask=inside, other=0.0).to(ACC)
+    live, x0, y0, lx, ly = _cell(x, y, H, W, inside)
+    cell = (_ext_start(l, shapes_ptr, L)[None, :] + (y0 + 1).to(tl.int64) * (W + 1)
+            + (x0 + 1))
+    live &= (cell >= 0) & (cell < CELLS)
+    bucket = (b.to(tl.int64) * tl.num_programs(1) + m) * CELLS + cell
+    return live, bucket, slot, lx, ly, l, k
 
 
 @triton.jit
 def bucket_count_kernel(
-    shapes_ptr, loc_ptr, buckets_ptr, ranks_ptr, counts_ptr, Q, CELLS,
+    shapes_ptr, loc_ptr, ranks_ptr, counts_ptr, Q, CELLS,
     stride_lb, stride_lq, stride_lm, stride_ll, stride_lk, stride_lc,
     L: tl.constexpr, K: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_P: tl.constexpr,
     ACC: tl.constexpr,
 ):
-    """Per sample: its bucket (-1 if dead) into buckets, and its rank among
-    its bucket's samples, an atomic increment of counts[1 + bucket], into
-    ranks.  buckets and ranks (B * M * Q * L*K,), counts (B * M * CELLS + 1,)
-    zero-filled, all of one integer dtype.  A cell outside [0, CELLS)
-    (shapes that do not tile value) puts its sample in no bucket.
-    Grid: (cdiv(Q, BLOCK_Q), M, B)."""
+    """Per live sample (_sample_buckets): its rank among its bucket's
+    samples, an atomic increment of counts[1 + bucket], into ranks
+    (B * M * Q * L*K,); counts (B * M * CELLS + 1,) zero-filled, of ranks'
+    dtype.  Grid: (cdiv(Q, BLOCK_Q), M, B)."""
     b, m, q, qmask = _program_queries(Q, BLOCK_Q)
     for p0 in range(0, L * K, BLOCK_P):
-        l, k, inside, sample, slot = _sample_slots(p0, b, m, q, qmask, Q, L, K, BLOCK_P)
-        H = tl.load(shapes_ptr + 2 * l).to(tl.int32)[None, :]
-        W = tl.load(shapes_ptr + 2 * l + 1).to(tl.int32)[None, :]
-        lp = _point_ptrs(loc_ptr, b, q, m, l, k, stride_lb, stride_lq, stride_lm, stride_ll,
-                         stride_lk)
-        x = tl.load(lp, mask=inside, other=0.0).to(ACC)
-        y = tl.load(lp + stride_lc, mask=inside, other=0.0).to(ACC)
-        live, x0, y0, lx, ly = _cell(x, y, H, W, inside)
-        cell = (_ext_start(l, shapes_ptr, L)[None, :] + (y0 + 1).to(tl.int64) * (W + 1)
-                + (x0 + 1))
-        live &= (cell >= 0) & (cell < CELLS)
-        bucket = (b.to(tl.int64) * tl.num_programs(1) + m) * CELLS + cell
+        live, bucket, slot, _, _, _, _ = _sample_buckets(
+            p0, b, m, q, qmask, Q, CELLS, shapes_ptr, loc_ptr, stride_lb, stride_lq, stride_lm,
+            stride_ll, stride_lk, stride_lc, L, K, BLOCK_P, ACC)
         rank = tl.atomic_add(counts_ptr + 1 + bucket, 1, mask=live, sem="relaxed")
-        tl.store(buckets_ptr + slot, tl.where(live, bucket, -1), mask=inside)
         tl.store(ranks_ptr + slot, rank, mask=live)
 
 
 @triton.jit
-def bucket_fill_kernel(buckets_ptr, ranks_ptr, offsets_ptr, entries_ptr, Q, L: tl.constexpr,
-                       K: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_P: tl.constexpr):
-    """entries[offsets[bucket] + rank] = the sample's index within its head,
-    for every bucketed sample (buckets and ranks from bucket_count_kernel;
-    offsets the exclusive cumsum of the counts).  Grid: (cdiv(Q, BLOCK_Q), M, B)."""
+def bucket_fill_kernel(
+    shapes_ptr, loc_ptr, attn_ptr, ranks_ptr, offsets_ptr, queries_ptr, corners_ptr, Q, CELLS,
+    N, stride_lb, stride_lq, stride_lm, stride_ll, stride_lk, stride_lc,
+    stride_ab, stride_aq, stride_am, stride_al, stride_ak,
+    L: tl.constexpr, K: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_P: tl.constexpr,
+    ACC: tl.constexpr,
+):
+    """Each live sample's record at its entry offsets[bucket] + rank (ranks
+    from bucket_count_kernel, offsets the exclusive cumsum of the counts),
+    structure of arrays: queries[entry] its query, corners[c * N + entry]
+    its corner c's weight (00, 01, 10, 11: _bilinear_weights, in ACC, so each
+    gathered term is bitwise msda_bwd_kernel's), N the samples' count.
+    Grid: (cdiv(Q, BLOCK_Q), M, B)."""
     b, m, q, qmask = _program_queries(Q, BLOCK_Q)
     for p0 in range(0, L * K, BLOCK_P):
-        l, k, inside, sample, slot = _sample_slots(p0, b, m, q, qmask, Q, L, K, BLOCK_P)
-        bucket = tl.load(buckets_ptr + slot, mask=inside, other=-1)
-        live = bucket >= 0
+        live, bucket, slot, lx, ly, l, k = _sample_buckets(
+            p0, b, m, q, qmask, Q, CELLS, shapes_ptr, loc_ptr, stride_lb, stride_lq, stride_lm,
+            stride_ll, stride_lk, stride_lc, L, K, BLOCK_P, ACC)
+        w = tl.load(_point_ptrs(attn_ptr, b, q, m, l, k, stride_ab, stride_aq, stride_am,
+                                stride_al, stride_ak), mask=live, other=0.0).to(ACC)
         rank = tl.load(ranks_ptr + slot, mask=live, other=0)
-        first = tl.load(offsets_ptr + bucket, mask=live, other=0)
-        tl.store(entries_ptr + first + rank, sample.to(entries_ptr.dtype.element_ty), mask=live)
+        entry = (tl.load(offsets_ptr + bucket, mask=live, other=0) + rank).to(tl.int64)
+        query = tl.broadcast_to(q[:, None], entry.shape).to(queries_ptr.dtype.element_ty)
+        tl.store(queries_ptr + entry, query, mask=live)
+        c00, c01, c10, c11 = _bilinear_weights(w, lx, ly)
+        tl.store(corners_ptr + entry, c00, mask=live)
+        tl.store(corners_ptr + N + entry, c01, mask=live)
+        tl.store(corners_ptr + 2 * N + entry, c10, mask=live)
+        tl.store(corners_ptr + 3 * N + entry, c11, mask=live)
 
 
 @triton.jit
@@ -122,22 +148,20 @@ def _row_levels(s, shapes_ptr, starts_ptr, L: tl.constexpr):
 
 @triton.jit
 def grad_value_gather_kernel(
-    grad_out_ptr, shapes_ptr, starts_ptr, loc_ptr, attn_ptr, bound_ptr, offsets_ptr,
-    entries_ptr, grad_value_ptr,
-    Q, S, CELLS, D: tl.constexpr,
+    grad_out_ptr, shapes_ptr, starts_ptr, bound_ptr, offsets_ptr, queries_ptr, corners_ptr,
+    grad_value_ptr, S, CELLS, N, D: tl.constexpr,
     stride_gob, stride_goq, stride_gom, stride_god,
-    stride_lb, stride_lq, stride_lm, stride_ll, stride_lk, stride_lc,
-    stride_ab, stride_aq, stride_am, stride_al, stride_ak,
     stride_gvb, stride_gvs, stride_gvm,
-    L: tl.constexpr, K: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_E: tl.constexpr,
+    L: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_E: tl.constexpr,
     BLOCK_D: tl.constexpr, ACC: tl.constexpr,
 ):
     """grad_value (B, S, M, D), unit channel stride, every row written: for
     each of BLOCK_S value rows, the fixed-point terms of the samples in the
-    four cells it is a corner of, BLOCK_E entries at a time, each term
-    bitwise msda_bwd_kernel's (_bilinear_corners' fractions,
-    _bilinear_weights, _grad_value_terms), summed in int64 registers and
-    converted once (_fixed_to_float).  bound_ptr (B, M) float64 (see
+    four cells it is a corner of, BLOCK_E entries at a time: per entry its
+    query and the one corner weight of the row's role (bucket_fill_kernel's
+    records, contiguous in bucket order) times the query's grad_output row
+    (_grad_value_terms), summed in int64 registers and converted once
+    (_fixed_to_float).  bound_ptr (B, M) float64 (see
     _fixed_point_exponent): a head without a fixed point is NaN, its
     buckets unread.  Grid: (cdiv(S, BLOCK_S), M, B); program 0 takes the
     last rows, the coarsest level's, whose buckets are the fullest, so
@@ -154,13 +178,11 @@ def grad_value_gather_kernel(
     row_ok = rmask & ok & (W >= 1) & (y < H)
     head = (b.to(tl.int64) * tl.num_programs(1) + m) * CELLS
     go_base = _head_base(grad_out_ptr, b, m, stride_gob, stride_gom)
-    loc_base = _head_base(loc_ptr, b, m, stride_lb, stride_lm)
-    attn_base = _head_base(attn_ptr, b, m, stride_ab, stride_am)
     dm = dmask[None, None, :]
     acc = tl.zeros([BLOCK_S, BLOCK_D], dtype=tl.int64)
     for dy in tl.static_range(2):
         # Extended cells (y + dy, x) and (y + dy, x + 1): the row is their
-        # samples' bottom (dy 0) or top (dy 1), right or left corner.
+        # samples' corner 11 or 10 (dy 0), 01 or 00 (dy 1).
         left = _ext_start(lvl, shapes_ptr, L) + (y + dy).to(tl.int64) * (W + 1) + x
         valid = row_ok & (left >= 0) & (left + 2 <= CELLS)
         lo = tl.load(offsets_ptr + head + left, mask=valid, other=0)
@@ -170,21 +192,10 @@ def grad_value_gather_kernel(
         for j0 in range(0, tl.max(n, axis=0), BLOCK_E):
             j = j0 + tl.arange(0, BLOCK_E)[None, :]
             live = j < n[:, None]
-            pos = lo[:, None] + j
-            sample = tl.load(entries_ptr + pos, mask=live, other=0)
-            q = (sample // (L * K)).to(tl.int64)
-            p = sample % (L * K)
-            lp = loc_base + q * stride_lq + (p // K) * stride_ll + (p % K) * stride_lk
-            x_loc = tl.load(lp, mask=live, other=0.0).to(ACC)
-            y_loc = tl.load(lp + stride_lc, mask=live, other=0.0).to(ACC)
-            w = tl.load(attn_base + q * stride_aq + (p // K) * stride_al + (p % K) * stride_ak,
-                        mask=live, other=0.0).to(ACC)
-            in_level, x0, y0, lx, ly = _cell(x_loc, y_loc, H[:, None], W[:, None], live)
-            c00, c01, c10, c11 = _bilinear_weights(w, lx, ly)
-            if dy == 0:
-                c = tl.where(pos < mid[:, None], c11, c10)
-            else:
-                c = tl.where(pos < mid[:, None], c01, c00)
+            pos = (lo[:, None] + j).to(tl.int64)
+            q = tl.load(queries_ptr + pos, mask=live, other=0).to(tl.int64)
+            corner = tl.where(pos < mid[:, None], 3 - 2 * dy, 2 - 2 * dy).to(tl.int64)
+            c = tl.load(corners_ptr + corner * N + pos, mask=live, other=0.0)
             go = tl.load(go_base + q[:, :, None] * stride_goq
                          + (offs_d * stride_god)[None, None, :],
                          mask=live[:, :, None] & dm, other=0.0).to(ACC)

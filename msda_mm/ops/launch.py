@@ -9,7 +9,7 @@ import os
 import torch
 import triton.language as tl
 
-from . import bucket_kernels, kernels
+from . import bound_kernel, bucket_kernels, kernels
 from .fast_launch import FastLaunch
 
 # The kernels as this module launches them: through FastLaunch (repeat
@@ -18,6 +18,7 @@ msda_fwd_kernel = FastLaunch(kernels.msda_fwd_kernel)
 msda_fwd_pairs_kernel = FastLaunch(kernels.msda_fwd_pairs_kernel)
 msda_bwd_kernel = FastLaunch(kernels.msda_bwd_kernel)
 zero_fill_kernel = FastLaunch(kernels.zero_fill_kernel)
+grad_value_bound_kernel = FastLaunch(bound_kernel.grad_value_bound_kernel)
 bucket_count_kernel = FastLaunch(bucket_kernels.bucket_count_kernel)
 bucket_fill_kernel = FastLaunch(bucket_kernels.bucket_fill_kernel)
 grad_value_gather_kernel = FastLaunch(bucket_kernels.grad_value_gather_kernel)
@@ -32,9 +33,13 @@ def interpreter_enabled() -> bool:
 # L * K = 16 (wider heads: _tile): the fastest of 13 one- and multi-warp tiles (docs/design.md).
 _TILES = {("fwd", 4): (2, 1, 16), ("fwd", 2): (2, 1, 16),
           ("bwd", 4): (1, 1, 8), ("bwd", 2): (1, 1, 16),
-          # grad_value_gather_kernel's (BLOCK_S rows, num_warps, BLOCK_E entries a step), not
-          # timed: one warp a row; 16 entries spilled at D = 24 (sm_80) and D >= 128 (sm_90 bf16).
-          ("gather", 4): (1, 1, 8), ("gather", 2): (1, 1, 8)}
+          # grad_value_gather_kernel's (BLOCK_S rows, num_warps, BLOCK_E entries a step) for
+          # dense rows (_GATHER_SPARSE): bf16 encoder 1753 us at (1, 1, 16) against 1951 at
+          # (1, 1, 8), fp32 1934 at (1, 1, 32) against 2073 at 16 (per-sample gather).
+          ("gather", 4): (1, 1, 32), ("gather", 2): (1, 1, 16)}
+# Below this many entries a value row (4 * Q * L*K / S: decoder 0.9, encoder 64) the gather
+# takes 8 rows a program: one-entry rows make the grid the cost (16 rows spilled, sm_80 D 24).
+_GATHER_SPARSE = (8, (8, 1, 2))
 # Below this many (batch, query, head) rows a 16-bit (and fp64) forward takes 1 query a
 # program: bf16 decoder 15.6 us against 16.5 with 2 (fp32 keeps 2; docs/design.md).
 _FWD_FEW_ROWS = 1 << 16
@@ -75,9 +80,13 @@ def _tile(kernel: str, value: torch.Tensor, points: int, rows: int,
           element_size: int = 0) -> dict:
     """Launch constants for ``points`` = L * K sampling points per query and
     ``rows`` = B * Q * M (query, head) pairs; the tuned tile is that of
-    value's element size, or of ``element_size`` where given."""
+    value's element size, or of ``element_size`` where given.  The gather
+    takes ``points`` = Q * L * K samples a head and ``rows`` = B * S * M."""
     block_q, num_warps, *block_p = _tile_override.get(
         kernel, _TILES[kernel, min(element_size or value.element_size(), 4)])
+    if (kernel == "gather" and kernel not in _tile_override
+            and 4 * points < _GATHER_SPARSE[0] * value.shape[1]):
+        block_q, num_warps, *block_p = _GATHER_SPARSE[1]
     if (kernel == "fwd" and kernel not in _tile_override and rows < _FWD_FEW_ROWS
             and value.dtype != torch.float32):
         block_q = 1
@@ -233,9 +242,14 @@ def fill_zeros(t: torch.Tensor) -> bool:
     return pdl
 
 
+# grad_value_bound_kernel's tile: 2048 grad_output elements a 4-warp program (16 a thread).
+_BOUND = dict(ELEMENTS=2048, num_warps=4)
+
+
 def grad_value_bound(go: torch.Tensor, attention_weights: torch.Tensor) -> torch.Tensor:
     """(B, M) float64: a bound on |every partial sum| of grad_value[b, :, m, :]
-    for grad_output ``go`` (B, Q, M, D), computed on the device (no sync).
+    for grad_output ``go`` (B, Q, M, D), computed on the device (no sync) by
+    bound_kernel.py.
 
     Each sample adds its weight times grad_output's row to four corners with
     bilinear weights summing to 1, so a query adds at most
@@ -245,12 +259,20 @@ def grad_value_bound(go: torch.Tensor, attention_weights: torch.Tensor) -> torch
     about 2x for random grad_output), so that the bound, and with it the fixed
     point, is the same whatever the queries' order.  inf or NaN in go or the
     weights make it inf or NaN."""
-    go_max = torch.linalg.vector_norm(go, float("inf"), dim=-1)  # exact in go's dtype
-    # fp32 at least: a sum of 16-bit weights could overflow fp16.
-    w_sum = torch.linalg.vector_norm(
-        attention_weights, 1, dim=(-2, -1),
-        dtype=torch.promote_types(attention_weights.dtype, torch.float32))
-    return (go_max.double() * w_sum.double()).amax(1) * go.shape[1]
+    B, Q, M, D = go.shape
+    _, _, _, L, K = attention_weights.shape
+    bound = torch.zeros(B, M, device=go.device, dtype=torch.float64)
+    block_d = _next_pow2(D)
+    block_q = max(1, _BOUND["ELEMENTS"] // block_d)
+    wide = [tl.float64 if t.dtype == torch.float64 else tl.float32
+            for t in (go, attention_weights)]
+    with _device_guard(go):
+        grad_value_bound_kernel[_grid(go, Q, block_q)](
+            go, attention_weights, bound.view(torch.int64), Q, D, *go.stride(),
+            *attention_weights.stride(), L=L, K=K, BLOCK_Q=block_q,
+            BLOCK_P=min(_next_pow2(L * K), _BOUND["ELEMENTS"] // block_q), BLOCK_D=block_d,
+            MAX_TY=wide[0], SUM_TY=wide[1], num_warps=_BOUND["num_warps"])
+    return bound
 
 
 # The sort kernels' tile: 128 samples a 4-warp program, one a thread.
@@ -264,31 +286,36 @@ def _cells(S: int, L: int) -> int:
     return 2 * S + 2 * L
 
 
-def bucket_samples(value, spatial_shapes, sampling_locations, acc_dtype):
+def bucket_samples(value, spatial_shapes, sampling_locations, attention_weights, acc_dtype):
     """The samples counting-sorted by cell (bucket_kernels.py): (cells,
-    offsets, entries), where bucket (b * M + m) * cells + c holds
-    entries[offsets[i]:offsets[i + 1]], i the bucket, in an order that
-    varies run to run."""
+    offsets, queries, corners), where bucket (b * M + m) * cells + c holds
+    entries offsets[i]:offsets[i + 1], i the bucket, in an order that varies
+    run to run; entry j's query is queries[j] and its corner weights (00, 01,
+    10, 11) corners[:, j] (acc_dtype)."""
     B, S, M, _ = value.shape
     _, Q, _, L, K, _ = sampling_locations.shape
     cells = _cells(S, L)
     samples = B * M * Q * L * K
-    # One index dtype for buckets, ranks, offsets and entries: int32 where all fit.
+    # One index dtype for ranks, offsets and queries: int32 where all fit.
     index = torch.int32 if max(samples, B * M * cells + 1) < 2**31 else torch.int64
     counts = torch.zeros(B * M * cells + 1, device=value.device, dtype=index)
-    buckets, ranks = torch.empty(2, samples, device=value.device, dtype=index)
-    entries = torch.empty(samples, device=value.device, dtype=index)
+    ranks = torch.empty(samples, device=value.device, dtype=index)
+    queries = torch.empty(samples, device=value.device, dtype=index)
+    corners = torch.empty(4, samples, device=value.device,
+                          dtype=torch.float64 if acc_dtype is tl.float64 else torch.float32)
     block_p = min(_next_pow2(L * K), _SORT["SAMPLES"])
-    sort = dict(BLOCK_Q=_SORT["SAMPLES"] // block_p, BLOCK_P=block_p,
+    sort = dict(BLOCK_Q=_SORT["SAMPLES"] // block_p, BLOCK_P=block_p, ACC=acc_dtype,
                 num_warps=_SORT["num_warps"])
     grid = _grid(value, Q, sort["BLOCK_Q"])
+    loc_strides = sampling_locations.stride()
     with _device_guard(value):
-        bucket_count_kernel[grid](spatial_shapes, sampling_locations, buckets, ranks, counts, Q,
-                                  cells, *sampling_locations.stride(), L=L, K=K, ACC=acc_dtype,
-                                  **sort)
+        bucket_count_kernel[grid](spatial_shapes, sampling_locations, ranks, counts, Q, cells,
+                                  *loc_strides, L=L, K=K, **sort)
         counts.cumsum_(0)  # exclusive starts: counts[0] stays 0, bucket i's count was at i + 1
-        bucket_fill_kernel[grid](buckets, ranks, counts, entries, Q, L=L, K=K, **sort)
-    return cells, counts, entries
+        bucket_fill_kernel[grid](spatial_shapes, sampling_locations, attention_weights, ranks,
+                                 counts, queries, corners, Q, cells, samples, *loc_strides,
+                                 *attention_weights.stride(), L=L, K=K, **sort)
+    return cells, counts, queries, corners
 
 
 def _deterministic_grad_value(go, value, spatial_shapes, level_start_index, sampling_locations,
@@ -298,18 +325,16 @@ def _deterministic_grad_value(go, value, spatial_shapes, level_start_index, samp
     B, S, M, D = value.shape
     _, Q, _, L, K, _ = sampling_locations.shape
     bound = grad_value_bound(go, attention_weights)
-    cells, offsets, entries = bucket_samples(value, spatial_shapes, sampling_locations,
-                                             acc_dtype)
+    cells, offsets, queries, corners = bucket_samples(value, spatial_shapes, sampling_locations,
+                                                      attention_weights, acc_dtype)
     grad_value = torch.empty(value.shape, device=value.device, dtype=value.dtype)
     # A bucket holds at most a head's Q * L * K samples: BLOCK_E needs no more.
     tile = _tile("gather", value, Q * L * K, B * S * M)
     with _device_guard(value):
         grad_value_gather_kernel[_grid(value, S, tile["BLOCK_Q"])](
-            go, spatial_shapes, level_start_index, sampling_locations, attention_weights, bound,
-            offsets, entries, grad_value, Q, S, cells, D,
-            *go.stride(), *sampling_locations.stride(), *attention_weights.stride(),
-            *grad_value.stride()[:3],
-            L=L, K=K, BLOCK_S=tile["BLOCK_Q"], BLOCK_E=tile["BLOCK_P"],
+            go, spatial_shapes, level_start_index, bound, offsets, queries, corners, grad_value,
+            S, cells, queries.numel(), D, *go.stride(), *grad_value.stride()[:3],
+            L=L, BLOCK_S=tile["BLOCK_Q"], BLOCK_E=tile["BLOCK_P"],
             BLOCK_D=tile["BLOCK_D"], ACC=acc_dtype, num_warps=tile["num_warps"])
     return grad_value
 

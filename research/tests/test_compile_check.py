@@ -103,18 +103,20 @@ def test_deterministic_backward_adds_no_grad_value(all_rows):
 
 
 def test_deterministic_grad_value_kernels_count_with_native_int32_adds(tmp_path):
-    # The bucketed gather: one native 32-bit atomic increment a sample in
-    # bucket_count_kernel (no CAS loop), none in the fill and the gather,
+    # The bucketed gather: one native 64-bit atomic max a program on the
+    # bound's bits, one native 32-bit atomic increment a sample in
+    # bucket_count_kernel (no CAS loops), none in the fill and the gather,
     # which sums its int64 terms in registers; no spills at D = 32.
+    kernels = ("bound", "bucket_count", "bucket_fill", "gather")
     rows = _compile_check(tmp_path / "rows.json", "--archs", "80", "90", "--head-dims", "32",
-                          kernels=("bucket_count", "bucket_fill", "gather"),
-                          dtypes=("bf16", "fp32"))
-    assert {(r["kernel"], r["arch"]) for r in rows} == {
-        (k, a) for k in ("bucket_count", "bucket_fill", "gather") for a in (80, 90)}
+                          kernels=kernels, dtypes=("bf16", "fp32"))
+    assert {(r["kernel"], r["arch"]) for r in rows} == {(k, a) for k in kernels for a in (80, 90)}
     for row in rows:
         assert row["error"] is None and not row["cas_loop"], row
         assert row["spill_stores"] == 0 and row["spill_loads"] == 0, row
-        if row["kernel"] == "bucket_count":
+        if row["kernel"] == "bound":
+            assert row["ptx_atomics"] == {"atom.global.gpu.relaxed.max.s64": 1}, row
+        elif row["kernel"] == "bucket_count":
             assert row["ptx_atomics"] == {"atom.global.gpu.relaxed.add.u32": 1}, row
         else:
             assert not row["ptx_atomics"] and not row["sass_atomics"], row

@@ -3,6 +3,7 @@ counting sort against a PyTorch histogram, and grad_value bitwise the
 PyTorch fixed-point reference (fixed_point_reference.py) where buckets are
 as full as they get, where samples sit on the level borders, and whatever
 the gather kernel's tile."""
+import numpy as np
 import pytest
 import torch
 import triton.language as tl
@@ -89,32 +90,43 @@ def test_samples_on_the_borders(dtype):
     assert got.count_nonzero() > 0
 
 
+def _lexsort(keys, corners):
+    """The order that sorts by key, then by the four corner weights."""
+    return torch.from_numpy(np.lexsort([*corners.double().numpy()[::-1], keys.numpy()]))
+
+
 def test_bucket_counts_are_the_histogram_of_the_cells():
     args = _inputs(torch.float32, seed=4, Q=9)
-    value, loc = args["value"], args["sampling_locations"]
+    value, loc, attn = args["value"], args["sampling_locations"], args["attention_weights"]
     B, S, M, _ = value.shape
     _, Q, _, L, K, _ = loc.shape
     loc[0, 0, 0, 0, 0] = float("nan")  # never live: in no bucket
-    cells, offsets, entries = launch.bucket_samples(value, args["spatial_shapes"], loc,
-                                                    tl.float32)
-    # Each live sample's (bucket, index within its head) as one key, from PyTorch.
-    keys, start = [], 0
+    cells, offsets, queries, corners = launch.bucket_samples(value, args["spatial_shapes"], loc,
+                                                             attn, tl.float32)
+    # Each live sample's (bucket, query) as one key and its corner weights, from PyTorch.
+    keys, weights, start = [], [], 0
     head = torch.arange(B)[:, None, None, None] * M + torch.arange(M)[None, None, :, None]
     for lvl, (H, W) in enumerate(SHAPES):
         x_im, y_im = loc[:, :, :, lvl, :, 0] * W - 0.5, loc[:, :, :, lvl, :, 1] * H - 0.5
         live = (x_im >= -1) & (x_im < W) & (y_im >= -1) & (y_im < H)
         cell = start + (y_im.floor().long() + 1) * (W + 1) + x_im.floor().long() + 1
-        index = (torch.arange(Q)[None, :, None, None] * L * K + lvl * K
-                 + torch.arange(K)[None, None, None, :])
-        keys.append(((head * cells + cell) * Q * L * K + index)[live])
+        query = torch.arange(Q)[None, :, None, None].expand_as(cell)
+        keys.append(((head * cells + cell) * Q + query)[live])
+        lx, ly = x_im - x_im.floor(), y_im - y_im.floor()
+        w = attn[:, :, :, lvl]
+        weights.append(torch.stack([w * (1 - ly) * (1 - lx), w * (1 - ly) * lx,
+                                    w * ly * (1 - lx), w * ly * lx])[:, live])
         start += (H + 1) * (W + 1)
-    keys = torch.cat(keys).sort().values
-    hist = torch.bincount(keys // (Q * L * K), minlength=B * M * cells)
+    keys, weights = torch.cat(keys), torch.cat(weights, 1)
+    hist = torch.bincount(keys // Q, minlength=B * M * cells)
     assert offsets[0] == 0 and torch.equal(offsets.diff().long(), hist)
-    # Each bucket holds its own samples, in some order.
-    got = torch.cat([i * Q * L * K + entries[offsets[i]:offsets[i + 1]].long()
-                     for i in range(B * M * cells)])
-    assert torch.equal(got.sort().values, keys)
+    # Each bucket holds its own samples' records, in some order: sorted by
+    # (bucket, query, corner weights), both sides match.
+    bucket = torch.repeat_interleave(torch.arange(B * M * cells), hist)
+    got_keys = bucket * Q + queries[:len(keys)].long()
+    want, got = _lexsort(keys, weights), _lexsort(got_keys, corners[:, :len(keys)])
+    assert torch.equal(got_keys[got], keys[want])
+    torch.testing.assert_close(corners[:, got], weights[:, want], rtol=0, atol=0)
 
 
 def test_gather_tiles_leave_grad_value_bitwise_unchanged():

@@ -1,0 +1,72 @@
+"""grad_value_bound_kernel (the deterministic backward's fixed-point bound)
+in the interpreter against the bound's PyTorch formula, non-finite input
+included."""
+import pytest
+import torch
+
+from msda_mm.ops import launch
+
+DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
+
+
+def torch_bound(go, w):
+    """Q * max_q max_d |go| * sum_{l,k} |w| in PyTorch ops (the sum in fp32 at least)."""
+    go_max = torch.linalg.vector_norm(go, float("inf"), dim=-1)
+    w_sum = torch.linalg.vector_norm(w, 1, dim=(-2, -1),
+                                     dtype=torch.promote_types(w.dtype, torch.float32))
+    return (go_max.double() * w_sum.double()).amax(1) * go.shape[1]
+
+
+def _inputs(dtype, B=2, Q=70, M=3, D=5, L=2, K=3, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    go = torch.randn(B, Q, M, D, generator=g).to(dtype)
+    w = (torch.rand(B, Q, M, L, K, generator=g) - 0.25).to(dtype)
+    return go, w
+
+
+def _close(bound, go, w):
+    # Only the order of the L * K weights' sum differs: L * K roundings of the
+    # sum's dtype (fp32, or fp64 for fp64 weights).
+    eps = torch.finfo(torch.promote_types(w.dtype, torch.float32)).eps
+    torch.testing.assert_close(bound, torch_bound(go, w), rtol=w[0, 0].numel() * eps, atol=0,
+                               equal_nan=True)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_bound_kernel_matches_the_formula(dtype):
+    go, w = _inputs(dtype)
+    bound = launch.grad_value_bound(go, w)
+    assert bound.dtype == torch.float64 and bound.shape == (2, 3)
+    _close(bound, go, w)
+
+
+def test_bound_kernel_takes_strided_inputs_and_one_query():
+    go, w = _inputs(torch.float32, Q=1, D=40, L=3, K=5)
+    _close(launch.grad_value_bound(go, w), go, w)
+    go, w = _inputs(torch.float32, Q=9)
+    go_t = go.transpose(1, 2).contiguous().transpose(1, 2)  # (B, Q, M, D), Q-major strides
+    w_t = w.permute(0, 1, 2, 4, 3).contiguous().permute(0, 1, 2, 4, 3)
+    assert not go_t.is_contiguous() and not w_t.is_contiguous()
+    _close(launch.grad_value_bound(go_t, w_t), go, w)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+def test_non_finite_inputs_make_only_their_heads_inf_or_nan(dtype):
+    go, w = _inputs(dtype)
+    go[0, 5, 0, 2] = float("inf")  # head (0, 0): inf
+    go[0, 7, 1, 1] = -float("nan")  # head (0, 1): NaN, its sign bit set
+    w[1, 3, 2, 0, 1] = float("nan")  # head (1, 2): NaN
+    go[1, 4, 0, 0] = float("inf")  # head (1, 0): inf times zero weights is NaN
+    w[1, 4, 0] = 0.0
+    go[1, 6, 1, 0] = 1e30 if dtype == torch.float32 else 1e38  # head (1, 1): finite, huge
+    bound = launch.grad_value_bound(go, w)
+    assert bound[0, 0].isinf() and bound[0, 1].isnan() and bound[1, 2].isnan()
+    assert bound[1, 0].isnan() and bound[1, 1].isfinite() and bound[0, 2].isfinite()
+    _close(bound, go, w)
+
+
+def test_bound_is_bitwise_the_same_whatever_the_query_order():
+    go, w = _inputs(torch.float32, Q=200)
+    perm = torch.randperm(200, generator=torch.Generator().manual_seed(1))
+    torch.testing.assert_close(launch.grad_value_bound(go[:, perm], w[:, perm]),
+                               launch.grad_value_bound(go, w), rtol=0, atol=0)
