@@ -339,6 +339,23 @@ def _deterministic_grad_value(go, value, spatial_shapes, level_start_index, samp
     return grad_value
 
 
+_SIDE_STREAMS: dict[int, torch.cuda.Stream] = {}
+
+
+def _side_stream(t: torch.Tensor) -> torch.cuda.Stream | None:
+    """A second stream of ``t``'s device (one per device, kept), made to wait
+    for everything queued so far on the current stream; None off CUDA.  Work
+    on it must be joined back (``current_stream().wait_stream(side)``)."""
+    if not t.is_cuda:
+        return None
+    index = _index(t.device)
+    side = _SIDE_STREAMS.get(index)
+    if side is None:
+        side = _SIDE_STREAMS[index] = torch.cuda.Stream(t.device)
+    side.wait_stream(torch.cuda.current_stream(t.device))
+    return side
+
+
 def msda_backward(grad_output, value, spatial_shapes, level_start_index, sampling_locations,
                   attention_weights, fp32_grad_accum: bool, deterministic: bool = False,
                   softmax: bool = False):
@@ -388,7 +405,10 @@ def msda_backward(grad_output, value, spatial_shapes, level_start_index, samplin
         # (This assumes no other thread queues work on the same stream in
         # between, which PyTorch's stream semantics leave to the caller anyway.)
         pdl = fill_zeros(grad_value)
-    with _device_guard(value):
+    # The deterministic grad_value (bound, sort, gather) needs none of this kernel's
+    # outputs: on CUDA the kernel runs beside it, on a second stream.
+    side = _side_stream(value) if deterministic else None
+    with _device_guard(value), torch.cuda.stream(side):
         msda_bwd_kernel[_grid(value, Q, tile["BLOCK_Q"])](
             go, value, spatial_shapes, level_start_index, sampling_locations, attention_weights,
             grad_value, grad_loc, g_attn, grad_logit,
@@ -401,4 +421,8 @@ def msda_backward(grad_output, value, spatial_shapes, level_start_index, samplin
     if deterministic:
         grad_value = _deterministic_grad_value(go, value, spatial_shapes, level_start_index,
                                                sampling_locations, attention_weights, acc)
+        if side is not None:
+            # Everything the side stream used was allocated before the fork, and
+            # nothing is freed before this join in the current stream's order.
+            torch.cuda.current_stream(value.device).wait_stream(side)
     return grad_value.to(value.dtype), grad_loc, grad_attn

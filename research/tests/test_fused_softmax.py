@@ -49,4 +49,7 @@ def test_tool_on_cuda_measures_time_and_memory(tmp_path):
     # Unfused, the forward keeps the fp32 weights (B*Q*M*L*K = 153600: 0.59
     # MiB) beside the output; fused, only the output (the logits are inputs).
     assert saving["kept_mb"] == pytest.approx(153600 * 4 / 2**20, rel=0.05)
-    assert saving["max_rel_diff"] < 1e-2  # bf16 outputs and gradients
+    # bf16: unfused, the logits' gradient p * (g - sum(p * g)) is rounded to bf16
+    # at each step, fused it is taken in fp32 (H200: 1.4e-2 to 1.5e-2 of its largest
+    # value apart); a wrong softmax is O(1) apart.
+    assert saving["max_rel_diff"] < 2**-5

@@ -113,3 +113,19 @@ def test_non_finite_grad_output_makes_its_head_nan(bad):
     heads[1, 3] = False
     by_head = [t["value"].transpose(1, 2)[heads] for t in (grads, clean)]
     assert_equal(*by_head)
+
+
+def test_side_stream_backward_on_a_user_stream_matches_the_default_stream():
+    # The location and weight kernel runs on a second stream beside the
+    # grad_value gather; on a caller's stream both join back into it, so
+    # work queued after the backward (here a copy) sees all three gradients.
+    args = _inputs(torch.bfloat16, 0.2, 0.4, seed=3)
+    _, first, g = run_op(args, deterministic=True)
+    user = torch.cuda.Stream()
+    user.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(user):
+        _, grads, _ = run_op(args, grad_out=g, deterministic=True)
+        copies = {k: v.clone() for k, v in grads.items()}
+    torch.cuda.current_stream().wait_stream(user)
+    for k in FLOAT_INPUTS:
+        assert_equal(copies[k], first[k])
