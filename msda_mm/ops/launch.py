@@ -34,12 +34,13 @@ def interpreter_enabled() -> bool:
 _TILES = {("fwd", 4): (2, 1, 16), ("fwd", 2): (2, 1, 16),
           ("bwd", 4): (1, 1, 8), ("bwd", 2): (1, 1, 16),
           # grad_value_gather_kernel's (BLOCK_S rows, num_warps, BLOCK_E entries a step) for
-          # dense rows (_GATHER_SPARSE): bf16 encoder 1753 us at (1, 1, 16) against 1951 at
-          # (1, 1, 8), fp32 1934 at (1, 1, 32) against 2073 at 16 (per-sample gather).
-          ("gather", 4): (1, 1, 32), ("gather", 2): (1, 1, 16)}
+          # dense rows (_GATHER_SPARSE), the best of 6: bf16 encoder 1685.7 us at (2, 1, 16)
+          # against 1767.4 at (1, 1, 16), fp32 1788.7 at (2, 1, 8) against 1921.8 at (1, 1, 32).
+          ("gather", 4): (2, 1, 8), ("gather", 2): (2, 1, 16)}
 # Below this many entries a value row (4 * Q * L*K / S: decoder 0.9, encoder 64) the gather
-# takes 8 rows a program: one-entry rows make the grid the cost (16 rows spilled, sm_80 D 24).
-_GATHER_SPARSE = (8, (8, 1, 2))
+# takes many rows a program: one-entry rows make the grid the cost (fp32 decoder 120.0 us at
+# (32, 1, 1) against 146.3 at (8, 1, 2); bf16 111.6 against 122.7).
+_GATHER_SPARSE = (8, (32, 1, 1))
 # Below this many (batch, query, head) rows a 16-bit (and fp64) forward takes 1 query a
 # program: bf16 decoder 15.6 us against 16.5 with 2 (fp32 keeps 2; docs/design.md).
 _FWD_FEW_ROWS = 1 << 16
@@ -339,23 +340,6 @@ def _deterministic_grad_value(go, value, spatial_shapes, level_start_index, samp
     return grad_value
 
 
-_SIDE_STREAMS: dict[int, torch.cuda.Stream] = {}
-
-
-def _side_stream(t: torch.Tensor) -> torch.cuda.Stream | None:
-    """A second stream of ``t``'s device (one per device, kept), made to wait
-    for everything queued so far on the current stream; None off CUDA.  Work
-    on it must be joined back (``current_stream().wait_stream(side)``)."""
-    if not t.is_cuda:
-        return None
-    index = _index(t.device)
-    side = _SIDE_STREAMS.get(index)
-    if side is None:
-        side = _SIDE_STREAMS[index] = torch.cuda.Stream(t.device)
-    side.wait_stream(torch.cuda.current_stream(t.device))
-    return side
-
-
 def msda_backward(grad_output, value, spatial_shapes, level_start_index, sampling_locations,
                   attention_weights, fp32_grad_accum: bool, deterministic: bool = False,
                   softmax: bool = False):
@@ -405,10 +389,7 @@ def msda_backward(grad_output, value, spatial_shapes, level_start_index, samplin
         # (This assumes no other thread queues work on the same stream in
         # between, which PyTorch's stream semantics leave to the caller anyway.)
         pdl = fill_zeros(grad_value)
-    # The deterministic grad_value (bound, sort, gather) needs none of this kernel's
-    # outputs: on CUDA the kernel runs beside it, on a second stream.
-    side = _side_stream(value) if deterministic else None
-    with _device_guard(value), torch.cuda.stream(side):
+    with _device_guard(value):
         msda_bwd_kernel[_grid(value, Q, tile["BLOCK_Q"])](
             go, value, spatial_shapes, level_start_index, sampling_locations, attention_weights,
             grad_value, grad_loc, g_attn, grad_logit,
@@ -421,8 +402,4 @@ def msda_backward(grad_output, value, spatial_shapes, level_start_index, samplin
     if deterministic:
         grad_value = _deterministic_grad_value(go, value, spatial_shapes, level_start_index,
                                                sampling_locations, attention_weights, acc)
-        if side is not None:
-            # Everything the side stream used was allocated before the fork, and
-            # nothing is freed before this join in the current stream's order.
-            torch.cuda.current_stream(value.device).wait_stream(side)
     return grad_value.to(value.dtype), grad_loc, grad_attn

@@ -105,15 +105,15 @@ def test_pdl_only_on_nvidia_sm90_outside_the_interpreter(monkeypatch):
     assert not launch.pdl_available(cuda)
 
 
-@pytest.mark.parametrize("Q, S, want", [(300, 22223, (8, 1, 2)), (22223, 22223, (1, 1, 16)),
-                                         (1000, 1000, (1, 1, 16))])
+@pytest.mark.parametrize("Q, S, want", [(300, 22223, (32, 1, 1)), (22223, 22223, (2, 1, 16)),
+                                         (1000, 1000, (2, 1, 16))])
 def test_gather_tile_follows_the_entries_per_value_row(Q, S, want):
     # Entries a row: 4 * Q * L*K / S with L*K = 16: 0.9 (decoder), 64 (encoder), 64.
     value = torch.empty(2, S, 8, 32, dtype=torch.bfloat16, device="meta")
     tile = launch._tile("gather", value, Q * 16, 2 * S * 8)
     assert (tile["BLOCK_Q"], tile["num_warps"], tile["BLOCK_P"]) == want
     fp32 = launch._tile("gather", value.float(), Q * 16, 2 * S * 8)
-    assert fp32["BLOCK_P"] == (2 if want[0] == 8 else 32)
+    assert (fp32["BLOCK_Q"], fp32["BLOCK_P"]) == ((32, 1) if want[0] == 32 else (2, 8))
     with launch.tile_override(gather=(4, 2, 4)):
         tile = launch._tile("gather", value, Q * 16, 2 * S * 8)
         assert (tile["BLOCK_Q"], tile["num_warps"], tile["BLOCK_P"]) == (4, 2, 4)

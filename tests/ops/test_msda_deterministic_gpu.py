@@ -115,10 +115,10 @@ def test_non_finite_grad_output_makes_its_head_nan(bad):
     assert_equal(*by_head)
 
 
-def test_side_stream_backward_on_a_user_stream_matches_the_default_stream():
-    # The location and weight kernel runs on a second stream beside the
-    # grad_value gather; on a caller's stream both join back into it, so
-    # work queued after the backward (here a copy) sees all three gradients.
+def test_backward_on_a_user_stream_matches_the_default_stream():
+    # Every kernel of the deterministic backward (bound, sort, gather, the
+    # location and weight gradients) runs on the caller's stream: work queued
+    # after it there (here a copy) sees all three gradients.
     args = _inputs(torch.bfloat16, 0.2, 0.4, seed=3)
     _, first, g = run_op(args, deterministic=True)
     user = torch.cuda.Stream()

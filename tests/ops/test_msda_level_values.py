@@ -106,10 +106,12 @@ def test_cuda_ignores_a_disagreeing_index_without_a_sync():
     args = {k: (v.cuda() if v is not None else None) for k, v in
             make_inputs(B=2, Q=40, M=4, D=32, shapes=((16, 20), (8, 10)), K=4)[0].items()}
     right = msda(**args)
+    # Made before the check: a copy from pageable host memory synchronises.
+    wrong_index = torch.tensor([3, 7], device="cuda")
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        wrong = msda(**dict(args, level_start_index=torch.tensor([3, 7], device="cuda")))
+        wrong = msda(**dict(args, level_start_index=wrong_index))
     finally:
         torch.cuda.set_sync_debug_mode("default")
     torch.testing.assert_close(wrong, right, rtol=0, atol=0)
