@@ -21,13 +21,11 @@ contiguous, so grad_value_gather_kernel reads two ranges a row.
 import triton
 import triton.language as tl
 
+from .fixed_point import _fixed_point_exponent, _fixed_point_terms, _fixed_to_float
 from .kernels import (
     _bilinear_weights,
     _cell,
     _chunk_points,
-    _fixed_point_exponent,
-    _fixed_to_float,
-    _grad_value_terms,
     _head_base,
     _point_ptrs,
     _program_queries,
@@ -160,7 +158,7 @@ def grad_value_gather_kernel(
     four cells it is a corner of, BLOCK_E entries at a time: per entry its
     query and the one corner weight of the row's role (bucket_fill_kernel's
     records, contiguous in bucket order) times the query's grad_output row
-    (_grad_value_terms), summed in int64 registers and converted once
+    (_fixed_point_terms), summed in int64 registers and converted once
     (_fixed_to_float).  bound_ptr (B, M) float64 (see
     _fixed_point_exponent): a head without a fixed point is NaN, its
     buckets unread.  Grid: (cdiv(S, BLOCK_S), M, B); program 0 takes the
@@ -199,7 +197,7 @@ def grad_value_gather_kernel(
             go = tl.load(go_base + q[:, :, None] * stride_goq
                          + (offs_d * stride_god)[None, None, :],
                          mask=live[:, :, None] & dm, other=0.0).to(ACC)
-            acc += tl.sum(_grad_value_terms(c[:, :, None], go, e, tl.int64, ACC), axis=1)
+            acc += tl.sum(_fixed_point_terms(c[:, :, None], go, e, ACC), axis=1)
     gv_base = _head_base(grad_value_ptr, b, m, stride_gvb, stride_gvm)
     tl.store(_row_ptrs(gv_base, s, stride_gvs, offs_d, 1),
              _fixed_to_float(acc, e, ok, grad_value_ptr.dtype.element_ty, ACC),

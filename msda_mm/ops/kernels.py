@@ -25,7 +25,7 @@ touches grad_value.  Each term c * go is scaled by 2**e, a power of two per
 (batch, head) taken on the device from a bound on the head's partial sums
 (launch.grad_value_bound: bound * 2**e < 2**61, so no sum reaches int64's
 2**63), and truncated to an integer; each sum is scaled back by 2**-e and
-rounded once (_fixed_to_float).
+rounded once (fixed_point.py).
 
 Offsets into value/grad_value/output are int64 so tensors past 2**31
 elements work.  Level shapes and start offsets are read on the device: no
@@ -417,52 +417,6 @@ def msda_fwd_pairs_kernel(
 
 
 @triton.jit
-def _pow2(e, ACC: tl.constexpr):
-    """2**e in ACC (fp32 or fp64), built from its bits: e (int) must lie in
-    ACC's normal range."""
-    if ACC == tl.float64:
-        return ((e.to(tl.int64) + 1023) << 52).to(tl.float64, bitcast=True)
-    else:
-        return ((e.to(tl.int32) + 127) << 23).to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def _fixed_point_exponent(bound_ptr, b, m, ACC: tl.constexpr):
-    """Head (b, m)'s fixed-point exponent e and whether it has one: bound_ptr
-    is a (B, M) float64 bound on |every partial sum| of grad_value[b, :, m, :]
-    (grid dim 1 is M).  e is the largest with bound * 2**e < 2**61, capped at
-    2 * (BIAS - 1): the scale is applied as two factors 2**(e // 2) and
-    2**(e - e // 2), each with a normal inverse, so that a bound as small as
-    ACC's subnormals still gets 61 bits.  ok is False, and e 0, where the
-    bound is inf, NaN or 2**BIAS or more (a term or the result could
-    overflow ACC): that head's grad_value is NaN."""
-    BIAS: tl.constexpr = 1023 if ACC == tl.float64 else 127
-    # The sums then stay under 2**62 while the bound is less than 2x short
-    # (its fp32 weight sums and the terms' roundings: ~L*K*2**-24), clear of
-    # int64's 2**63.
-    BITS: tl.constexpr = 61
-    bound = tl.load(_head_base(bound_ptr, b, m, tl.num_programs(1), 1))
-    # The exponent field: bound < 2**ex for every bound >= 0 (0 and subnormals
-    # get ex = -1022, inf and NaN 1025).
-    ex = ((bound.to(tl.int64, bitcast=True) >> 52) & 2047) - 1022
-    ok = ex <= BIAS
-    return tl.where(ok, tl.minimum(BITS - ex, 2 * BIAS - 2), 0), ok
-
-
-@triton.jit
-def _grad_value_terms(c, go, e, gv_ty: tl.constexpr, ACC: tl.constexpr):
-    """A grad_value term: c * go rounded to gv_ty (what the backward's
-    atomics add), or in fixed point (gv_ty int64: what the deterministic
-    gather sums) c * go * 2**e truncated to an integer, 2**e applied as two
-    factors (see _fixed_point_exponent), both exact."""
-    if gv_ty == tl.int64:
-        half = e >> 1
-        return (c * go * _pow2(half, ACC) * _pow2(e - half, ACC)).to(tl.int64)
-    else:
-        return (c * go).to(gv_ty)
-
-
-@triton.jit
 def _point_softmax(logits, live, row_max, inv_sum):
     """The softmax weights p of a [BLOCK_Q, BLOCK_P] tile of logits, from
     _softmax_stats' row max and 1 / sum (0 where not live)."""
@@ -581,43 +535,19 @@ def msda_bwd_kernel(
             if PDL:
                 # grad_value's zeros (the kernel before this one) must be in place.
                 gdc_wait()
-            tl.atomic_add(g00, _grad_value_terms(c00, go, None, gv_ty, ACC),
+            tl.atomic_add(g00, (c00 * go).to(gv_ty),
                           mask=m00[:, :, None] & dm, sem="relaxed")
-            tl.atomic_add(g00 + stride_gvs, _grad_value_terms(c01, go, None, gv_ty, ACC),
+            tl.atomic_add(g00 + stride_gvs, (c01 * go).to(gv_ty),
                           mask=m01[:, :, None] & dm, sem="relaxed")
-            tl.atomic_add(g10, _grad_value_terms(c10, go, None, gv_ty, ACC),
+            tl.atomic_add(g10, (c10 * go).to(gv_ty),
                           mask=m10[:, :, None] & dm, sem="relaxed")
-            tl.atomic_add(g10 + stride_gvs, _grad_value_terms(c11, go, None, gv_ty, ACC),
+            tl.atomic_add(g10 + stride_gvs, (c11 * go).to(gv_ty),
                           mask=m11[:, :, None] & dm, sem="relaxed")
     if SOFTMAX:
         _softmax_backward(b, m, q, qmask, attn_ptr, grad_attn_ptr, grad_logit_ptr, row_max,
                           inv_sum, dot, stride_ab, stride_aq, stride_am, stride_al, stride_ak,
                           stride_gab, stride_gaq, stride_gam, stride_gal, stride_gak,
                           L, K, BLOCK_P, ACC)
-
-
-@triton.jit
-def _round_to(x, ty: tl.constexpr):
-    """x (fp32 or fp64) rounded to the nearest ty, ties to even.  bf16 from
-    fp32 bits, where the interpreter would truncate (a plain .to() there drops
-    the low 16 bits; compiled, both are the same round to nearest)."""
-    if ty == tl.bfloat16:
-        bits = x.to(tl.float32).to(tl.int32, bitcast=True)
-        bits += 0x7FFF + ((bits >> 16) & 1)
-        return (bits >> 16).to(tl.int16).to(tl.bfloat16, bitcast=True)
-    else:
-        return x.to(ty)
-
-
-@triton.jit
-def _fixed_to_float(acc, e, ok, ty: tl.constexpr, ACC: tl.constexpr):
-    """Fixed-point sums acc (int64) at exponent e as ty: acc * 2**-e, NaN
-    where the head has no fixed point (ok False).  Two factors, as in
-    _grad_value_terms: exact, so that only the int64 -> ACC conversion rounds
-    (and a subnormal result)."""
-    half = e >> 1
-    out = acc.to(ACC) * _pow2(-half, ACC) * _pow2(half - e, ACC)
-    return _round_to(tl.where(ok, out, float("nan")), ty)
 
 
 @triton.jit

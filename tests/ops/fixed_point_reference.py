@@ -10,7 +10,7 @@ from msda_mm.ops import launch
 
 
 def fixed_point_exponent(bound: torch.Tensor, acc: torch.dtype):
-    """(e, ok) per head as kernels._fixed_point_exponent: the largest e with
+    """(e, ok) per head as fixed_point._fixed_point_exponent: the largest e with
     bound * 2**e < 2**61, capped at 2 * (bias - 1); ok False past 2**bias."""
     bias = 1023 if acc == torch.float64 else 127
     ex = ((bound.view(torch.int64) >> 52) & 2047) - 1022
