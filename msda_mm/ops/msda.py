@@ -10,11 +10,12 @@ pure-PyTorch reference with plain autograd.  The custom ops are opaque to
 ``torch.compile``, so a compiled model has no graph break here, and no host
 synchronisation happens in either direction (CUDA-graph capturable).
 
-Determinism: the forward has no atomics.  The Triton backward sums
-grad_value with atomic adds, in float by default (the order, and so the
-rounding, varies run to run) or, with ``deterministic=True`` or under
-``torch.use_deterministic_algorithms(True)``, in int64 fixed point, which
-gives bitwise-identical gradients every run (docs/determinism.md).
+Determinism: the forward has no atomics.  By default the Triton backward
+sums grad_value with float atomic adds (the order, and so the rounding,
+varies run to run); with ``deterministic=True`` or under
+``torch.use_deterministic_algorithms(True)`` it sums it without atomics, in
+int64 fixed point per value row, which gives bitwise-identical gradients
+every run (docs/determinism.md).
 """
 from __future__ import annotations
 
