@@ -13,7 +13,7 @@ once on the whole batch, as one block matrix (queries of all images x GT
 boxes of all images) whose diagonal blocks are the images' cost matrices;
 those are packed and brought over by one ``.cpu()``, scipy matches each image
 on the host, and the targets of the whole batch are written on the device
-from host-built indices, copied without waiting: 3 waits per matched output
+from host-built indices, copied without waiting: 2 waits per matched output
 in all, whatever the batch size.  The targets are mmdet's, bit for bit: each
 cost entry is computed by the same elementwise operations on the same
 numbers, so scipy returns the same matches, ties included.  The denoising
@@ -30,20 +30,20 @@ each of the two normalisers.
 """
 from __future__ import annotations
 
-from typing import Dict, List, Sequence, Tuple
+from typing import Callable, Dict, List, Sequence, Tuple
 
 import numpy as np
 import torch
 import torch.distributed as dist
 from mmengine.structures import InstanceData
 from scipy.optimize import linear_sum_assignment
-from torch import Tensor
+from torch import Tensor, nn
 
 from .. import compat  # noqa: F401  (first: on mmcv-lite, mmdet.models imports only after it)
 
 # isort: split
 from mmdet.models.dense_heads import DINOHead
-from mmdet.models.losses import QualityFocalLoss
+from mmdet.models.losses import FocalLoss, GIoULoss, L1Loss, QualityFocalLoss
 from mmdet.models.task_modules.assigners import HungarianAssigner
 from mmdet.models.task_modules.assigners.match_cost import (
     BBoxL1Cost,
@@ -54,6 +54,8 @@ from mmdet.models.task_modules.assigners.match_cost import (
 from mmdet.registry import MODELS
 from mmdet.structures.bbox import bbox_cxcywh_to_xyxy, bbox_xyxy_to_cxcywh
 from mmdet.utils import InstanceList, reduce_mean
+
+from .losses import bbox_overlaps, sync_free_twin
 
 # Match costs whose entry for a (query, GT) pair is computed from that pair's
 # own inputs by elementwise operations (BBoxL1Cost once its inputs are
@@ -92,10 +94,65 @@ def _image_factors(batch_img_metas: List[dict], dtype: torch.dtype,
     return _to_device(host, device)
 
 
+def _iou_cost(cost: IoUCost, boxes: Tensor, gt_boxes: Tensor) -> Tensor:
+    """``cost(...)`` of (N, 4) boxes against (G, 4) GT boxes (pixels, xyxy):
+    IoUCost's computation on the sync-free ``bbox_overlaps`` (the same
+    numbers; mmdet's copies its epsilon to the device, a wait)."""
+    half = boxes.dtype == torch.float16  # compared in fp32 against overflow, as IoUCost does
+    overlaps = bbox_overlaps(boxes.float() if half else boxes, gt_boxes, mode=cost.iou_mode)
+    return -(overlaps.half() if half else overlaps) * cost.weight
+
+
+def _num_total_pos(num_total_pos: int, dtype: torch.dtype, device: torch.device) -> float:
+    """The mean GT count over the processes in the classification loss's
+    ``dtype``, at least 1, as DETRHead normalises the box losses."""
+    return torch.clamp(_normaliser(num_total_pos, dtype, device), min=1).item()
+
+
+def _cls_loss(loss_cls: nn.Module, cls_scores: Tensor, labels_list: List[Tensor],
+              label_weights_list: List[Tensor], cls_avg_factor) -> Tensor:
+    """DETRHead's classification loss of (B, Q, C) scores."""
+    cls_scores = cls_scores.reshape(-1, cls_scores.shape[-1])
+    if len(cls_scores) == 0:  # no denoising query (no GT in the batch)
+        return torch.zeros(1, dtype=cls_scores.dtype, device=cls_scores.device)
+    return loss_cls(cls_scores, torch.cat(labels_list, 0), torch.cat(label_weights_list, 0),
+                    avg_factor=cls_avg_factor)
+
+
+def _box_losses(loss_bbox: nn.Module, loss_iou: nn.Module, bbox_preds: Tensor,
+                bbox_targets_list: List[Tensor], bbox_weights_list: List[Tensor],
+                factors: Tensor, num_total_pos: float) -> Tuple[Tensor, Tensor]:
+    """DETRHead's (loss_bbox, loss_iou) of (B, Q, 4) normalised (cx, cy, w,
+    h) predictions; factors (B, 4) (w, h, w, h) of each image."""
+    num_imgs, num_queries = bbox_preds.shape[:2]
+    bbox_targets = torch.cat(bbox_targets_list, 0)
+    bbox_weights = torch.cat(bbox_weights_list, 0)
+    factors = factors[:, None].expand(num_imgs, num_queries, 4).reshape(-1, 4)
+    bbox_preds = bbox_preds.reshape(-1, 4)
+    bboxes = bbox_cxcywh_to_xyxy(bbox_preds) * factors
+    bboxes_gt = bbox_cxcywh_to_xyxy(bbox_targets) * factors
+    loss_iou = loss_iou(bboxes, bboxes_gt, bbox_weights, avg_factor=num_total_pos)
+    loss_bbox = loss_bbox(bbox_preds, bbox_targets, bbox_weights, avg_factor=num_total_pos)
+    return loss_bbox, loss_iou
+
+
+def _all_losses(losses: Tuple[nn.Module, nn.Module, nn.Module], cls_scores: Tensor,
+                bbox_preds: Tensor, labels_list: List[Tensor], label_weights_list: List[Tensor],
+                bbox_targets_list: List[Tensor], bbox_weights_list: List[Tensor],
+                factors: Tensor, cls_avg_factor, num_total_pos: float) -> Tuple[Tensor, ...]:
+    """(loss_cls, loss_bbox, loss_iou) from the host-built normalisers, by the
+    sync-free ``losses`` (classification, L1, IoU): what compile_losses
+    compiles."""
+    loss_cls, loss_bbox, loss_iou = losses
+    return (_cls_loss(loss_cls, cls_scores, labels_list, label_weights_list, cls_avg_factor),
+            *_box_losses(loss_bbox, loss_iou, bbox_preds, bbox_targets_list, bbox_weights_list,
+                         factors, num_total_pos))
+
+
 @MODELS.register_module()
 class BatchedMatchingDINOHead(DINOHead):
     """``DINOHead`` whose ``get_targets`` (the Hungarian-matched part: decoder
-    layers and encoder proposals) waits on the device 3 times per call
+    layers and encoder proposals) waits on the device 2 times per call
     instead of 5 or more times per image, whose ``get_dn_targets`` does not
     wait, and whose losses wait 4 + B times fewer per output.  Same
     arguments, targets and losses as ``DINOHead``; ``train_cfg.assigner``
@@ -103,10 +160,28 @@ class BatchedMatchingDINOHead(DINOHead):
     FocalLossCost, ClassificationCost, BBoxL1Cost and IoUCost (DETR's and
     DINO's), used as configured.  With ``QualityFocalLoss`` the losses are
     mmdet's own code; under a process group the normalisers are averaged
-    over the processes on the device, as in mmdet (their waits stay)."""
+    over the processes on the device, as in mmdet (their waits stay).
 
-    def __init__(self, *args, **kwargs) -> None:
+    Args:
+        compile_losses: run each output's losses from its targets (the cat
+            of the targets, focal loss, box conversions, L1 and GIoU) as one
+            ``torch.compile`` graph of the sync-free losses, built with the
+            configured ones' parameters (loss_cls FocalLoss, loss_bbox
+            L1Loss, loss_iou GIoULoss or their SyncFree twins; ValueError
+            for others).  Compiled at first use with dynamic shapes; the
+            values are the eager losses' up to fp32 reordering.
+    """
+
+    def __init__(self, *args, compile_losses: bool = False, **kwargs) -> None:
         super().__init__(*args, **kwargs)
+        self.compile_losses = compile_losses
+        self._compiled = None
+        if compile_losses:
+            # A tuple, not submodules: the state dict stays DINOHead's.
+            self._sync_free_losses = tuple(
+                sync_free_twin(name, getattr(self, name), mmdet_type)
+                for name, mmdet_type in (("loss_cls", FocalLoss), ("loss_bbox", L1Loss),
+                                         ("loss_iou", GIoULoss)))
         # Without train_cfg (a test-time build) DETRHead builds no assigner.
         assigner = getattr(self, "assigner", None)
         # A subclass may assign otherwise: only HungarianAssigner's own
@@ -155,6 +230,8 @@ class BatchedMatchingDINOHead(DINOHead):
                 costs.append(cost(InstanceData(bboxes=to_format(boxes) / row_factors),
                                   InstanceData(bboxes=to_format(gt_instances.bboxes) / gt_factors),
                                   img_meta=dict(img_shape=(1, 1))))
+            elif type(cost) is IoUCost:
+                costs.append(_iou_cost(cost, boxes, gt_instances.bboxes))
             else:
                 costs.append(cost(pred_instances=pred, gt_instances=gt_instances))
         return torch.stack(costs).sum(dim=0)
@@ -228,15 +305,10 @@ class BatchedMatchingDINOHead(DINOHead):
         numbers in the same dtypes, except where they wait on the device: the
         normalisers come from the host (``_normaliser``) and the per-image
         (w, h, w, h) factors in one non-blocking copy instead of one blocking
-        copy per image; 2 + 2 + B waits fewer per call (B images)."""
+        copy per image; 2 + 2 + B waits fewer per call (B images).  With
+        ``compile_losses`` the tensor part runs as one compiled graph."""
         (labels_list, label_weights_list, bbox_targets_list, bbox_weights_list,
          num_total_pos, num_total_neg) = targets
-        labels = torch.cat(labels_list, 0)
-        label_weights = torch.cat(label_weights_list, 0)
-        bbox_targets = torch.cat(bbox_targets_list, 0)
-        bbox_weights = torch.cat(bbox_weights_list, 0)
-        num_imgs, num_queries = bbox_preds.shape[:2]
-
         # Weighted as in the official DETR repo.
         cls_avg_factor = num_total_pos * 1.0 + num_total_neg * self.bg_cls_weight
         if self.sync_cls_avg_factor:
@@ -244,26 +316,30 @@ class BatchedMatchingDINOHead(DINOHead):
         cls_avg_factor = max(cls_avg_factor, 1)
         if isinstance(cls_avg_factor, Tensor) and cls_avg_factor.device != cls_scores.device:
             cls_avg_factor = _to_device(cls_avg_factor, cls_scores.device)
-        cls_scores = cls_scores.reshape(-1, self.cls_out_channels)
-        if len(cls_scores) > 0:
-            loss_cls = self.loss_cls(cls_scores, labels, label_weights, avg_factor=cls_avg_factor)
-        else:  # no denoising query (no GT in the batch)
-            loss_cls = torch.zeros(1, dtype=cls_scores.dtype, device=cls_scores.device)
-        # The mean GT count over the processes, in the loss's dtype.
-        num_total_pos = torch.clamp(_normaliser(num_total_pos, loss_cls.dtype, loss_cls.device),
-                                    min=1).item()
-
         # The boxes are regressed normalised by the image size; the IoU loss
         # compares them in pixels (factors in the predictions' dtype).
         factors = _image_factors(batch_img_metas, bbox_preds.dtype, bbox_preds.device)
-        factors = factors[:, None].expand(num_imgs, num_queries, 4).reshape(-1, 4)
-        bbox_preds = bbox_preds.reshape(-1, 4)
-        bboxes = bbox_cxcywh_to_xyxy(bbox_preds) * factors
-        bboxes_gt = bbox_cxcywh_to_xyxy(bbox_targets) * factors
-        loss_iou = self.loss_iou(bboxes, bboxes_gt, bbox_weights, avg_factor=num_total_pos)
-        loss_bbox = self.loss_bbox(bbox_preds, bbox_targets, bbox_weights,
-                                   avg_factor=num_total_pos)
-        return loss_cls, loss_bbox, loss_iou
+        if self.compile_losses:
+            # The focal loss's dtype, known before it is computed: its (N, C)
+            # terms times the (N,) label weights.
+            cls_dtype = (torch.promote_types(cls_scores.dtype, label_weights_list[0].dtype)
+                         if cls_scores.numel() else cls_scores.dtype)
+            return self._compiled_losses()(
+                self._sync_free_losses, cls_scores, bbox_preds, labels_list, label_weights_list,
+                bbox_targets_list, bbox_weights_list, factors, cls_avg_factor,
+                _num_total_pos(num_total_pos, cls_dtype, cls_scores.device))
+        loss_cls = _cls_loss(self.loss_cls, cls_scores, labels_list, label_weights_list,
+                             cls_avg_factor)
+        return (loss_cls, *_box_losses(
+            self.loss_bbox, self.loss_iou, bbox_preds, bbox_targets_list, bbox_weights_list,
+            factors, _num_total_pos(num_total_pos, loss_cls.dtype, loss_cls.device)))
+
+    def _compiled_losses(self) -> Callable:
+        """``_all_losses`` compiled at first use: dynamic shapes (the number
+        of denoising queries changes with the batch's GT boxes), one graph."""
+        if self._compiled is None:
+            self._compiled = torch.compile(_all_losses, dynamic=True, fullgraph=True)
+        return self._compiled
 
     def get_dn_targets(self, batch_gt_instances: InstanceList, batch_img_metas: List[dict],
                        dn_meta: Dict[str, int]) -> tuple:
