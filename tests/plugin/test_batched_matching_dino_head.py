@@ -16,6 +16,7 @@ from torch.profiler import ProfilerActivity, profile
 from msda_mm.models import BatchedMatchingDINOHead
 
 from .detr_configs import build_detector, detr_model_cfg
+from .host_waits import count_host_waits
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 NUM_CLASSES = 5
@@ -26,9 +27,6 @@ MATCH_COSTS = {
                 dict(type="BBoxL1Cost", weight=5.0, box_format="xywh"),
                 dict(type="IoUCost", iou_mode="giou", weight=2.0)],
 }
-# Host-side ops that wait for the device on CUDA (on the CPU they run, but
-# do not wait): scalar reads, nonzero, unique (its output size).
-WAITING_OPS = ("aten::_local_scalar_dense", "aten::nonzero", "aten::_unique2", "aten::unique_dim")
 
 
 def build_heads(costs: str):
@@ -105,29 +103,6 @@ def test_targets_are_mmdets(costs, case, dtype):
     for seed in range(3):
         inputs = as_dtype(random_output(**CASES[case], seed=seed), dtype)
         assert_same_targets(head.get_targets(*inputs), mmdet_head.get_targets(*inputs))
-
-
-def count_host_waits(fn, monkeypatch) -> int:
-    """Device-to-host transfers (``Tensor.cpu``), blocking host-to-device
-    copies (``Tensor.new_tensor`` of Python numbers, which on CUDA copy from
-    pageable memory and wait), both free on CPU tensors and so counted by
-    hand, plus the ops of WAITING_OPS while ``fn`` runs."""
-    transfers = []
-
-    def counting(name):
-        method = getattr(torch.Tensor, name)
-
-        def counted(self, *args, **kwargs):
-            transfers.append(name)
-            return method(self, *args, **kwargs)
-        return counted
-
-    for name in ("cpu", "new_tensor"):
-        monkeypatch.setattr(torch.Tensor, name, counting(name))
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
-        fn()
-    monkeypatch.undo()
-    return len(transfers) + sum(e.name in WAITING_OPS for e in prof.events())
 
 
 @pytest.mark.parametrize("num_gts, ours_expected", [([3, 0, 2, 1], 2), ([5], 2), ([0, 0], 0)])
