@@ -120,6 +120,16 @@ def test_compiled_config_is_fast_host_plus_the_compile_hook():
     assert compiled == base
 
 
+def test_compiled_losses_config_is_compiled_plus_the_sync_free_losses():
+    ours = _load("dino_bf16_compiled_losses.py").to_dict()
+    base = _load("dino_bf16_fast_host_compiled.py").to_dict()
+    head, base_head = ours["model"]["bbox_head"], base["model"]["bbox_head"]
+    assert head.pop("compile_losses") is True and "compile_losses" not in base_head
+    for name in ("loss_cls", "loss_bbox", "loss_iou"):
+        # The sync-free twin, with mmdet's DINO parameters kept.
+        assert head[name].pop("type") == "SyncFree" + base_head[name].pop("type")
+    assert ours == base
+
 @pytest.mark.parametrize("name", ALL)
 def test_learned_bn_statistics_are_synced_across_ranks(name):
     # Under DDP each rank updates its own BN buffers; a config whose backbone

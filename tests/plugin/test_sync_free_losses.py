@@ -76,10 +76,10 @@ def assert_same(ours, theirs):
 @pytest.mark.parametrize("avg_factor", [None, 3.0])
 @pytest.mark.parametrize("override", [None, "mean", "sum", "none"])
 def test_box_losses_are_mmdets(name, dtype, n, weight, avg_factor, override):
+    pred, target = boxes(n, dtype, 0, pixels=50), boxes(n, dtype, 1, pixels=50)
+    w = box_weights(weight, n, dtype)
     for params in BOX_LOSSES[name]:
         ours, theirs = OURS[name](**params), MMDET_TYPES[name](**params)
-        pred, target = boxes(n, dtype, 0, pixels=50), boxes(n, dtype, 1, pixels=50)
-        w = box_weights(weight, n, dtype)
         reduction = override or params.get("reduction", "mean")
         calls = [lambda p, loss=loss: loss(p, target, w, avg_factor=avg_factor,
                                            reduction_override=override)
@@ -107,8 +107,8 @@ def test_box_losses_are_mmdets(name, dtype, n, weight, avg_factor, override):
 def test_giou_loss_takes_per_box_weights_as_mmdets(dtype):
     pred, target = boxes(6, dtype, 0), boxes(6, dtype, 1)
     for weight in (torch.rand(6, dtype=dtype), torch.zeros(6, dtype=dtype)):
-        assert_same(*(value_and_grad(lambda p, loss=loss: loss(p, target, weight,
-                                                               avg_factor=2.0), pred)
+        assert_same(*(value_and_grad(lambda p, loss=loss, w=weight: loss(p, target, w,
+                                                                         avg_factor=2.0), pred)
                       for loss in (SyncFreeGIoULoss(), GIoULoss())))
 
 

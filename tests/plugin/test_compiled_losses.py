@@ -1,0 +1,147 @@
+"""BatchedMatchingDINOHead(compile_losses=True): the losses of a tiny DINO
+step, forward and backward, as one compiled graph per output, equal to the
+eager head's within fp32 reordering (CPU; inductor compiles in tens of
+seconds, hence one model test)."""
+import copy
+from pathlib import Path
+
+import pytest
+import torch
+from mmdet.registry import MODELS
+from mmdet.testing import demo_mm_inputs
+from mmengine.config import Config
+from mmengine.registry import DefaultScope
+
+from msda_mm.models import BatchedMatchingDINOHead
+
+from .detr_configs import build_detector, detr_model_cfg
+
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+# Not DINO's defaults, to show the configured parameters reach the compiled losses.
+LOSSES = dict(loss_cls=dict(type="FocalLoss", use_sigmoid=True, gamma=1.5, alpha=0.3,
+                            loss_weight=1.5),
+              loss_bbox=dict(type="L1Loss", loss_weight=4.0),
+              loss_iou=dict(type="SyncFreeGIoULoss", loss_weight=2.5, eps=1e-4))
+# Compiled code sums in another order and fuses (no intermediate rounding):
+# each loss is a sum of at most ~2k fp32 terms of size ~1, whose reordering
+# moves it by a few ulps; 1e-5 relative is ~80 ulps of fp32.
+RTOL, ATOL = 1e-5, 1e-6
+
+
+def tiny_dino(compile_losses: bool):
+    model = Config.fromfile(str(CONFIGS / "synthetic" / "dino_tiny_cpu.py")).model
+    model.bbox_head.update(type="BatchedMatchingDINOHead", compile_losses=compile_losses,
+                           **copy.deepcopy(LOSSES))
+    return build_detector(model)
+
+
+def test_compiled_losses_are_the_eager_ones(reference_backend, quiet_mmengine, monkeypatch):
+    compiled = []
+    compile_ = torch.compile
+    monkeypatch.setattr(torch, "compile",
+                        lambda fn, **kwargs: compiled.append(kwargs) or compile_(fn, **kwargs))
+    torch.manual_seed(0)
+    eager = tiny_dino(False)
+    eager.init_weights()
+    ours = tiny_dino(True)
+    ours.load_state_dict(eager.state_dict())
+    assert ours.bbox_head.compile_losses and not compiled  # compiled at first use
+    batch = demo_mm_inputs(batch_size=2, image_shapes=[(3, 64, 64), (3, 48, 64)],
+                           num_items=[3, 2], num_classes=6)
+    results = []
+    for model in (eager, ours):
+        model.train()
+        data = model.data_preprocessor(copy.deepcopy(batch), training=True)
+        torch.manual_seed(1)  # the same denoising queries
+        losses = model.loss(data["inputs"], data["data_samples"])
+        sum(losses.values()).backward()
+        results.append((losses, {name: p.grad for name, p in model.named_parameters()
+                                 if p.grad is not None}))
+    # One compile for the head, of one graph (a graph break would raise).
+    assert compiled == [dict(dynamic=True, fullgraph=True)]
+    (eager_losses, eager_grads), (our_losses, our_grads) = results
+    assert set(our_losses) == set(eager_losses)
+    assert {"loss_cls", "loss_bbox", "loss_iou", "enc_loss_iou", "d0.dn_loss_iou"} <= \
+        set(our_losses)
+    for name, value in eager_losses.items():
+        assert our_losses[name].dtype == value.dtype and our_losses[name].shape == value.shape
+        torch.testing.assert_close(our_losses[name], value, rtol=RTOL, atol=ATOL, msg=name)
+    assert set(our_grads) == set(eager_grads)
+    for name, grad in eager_grads.items():
+        # Gradients pass through the whole model: 1e-4 relative to the largest.
+        scale = grad.abs().max().item()
+        torch.testing.assert_close(our_grads[name], grad, rtol=1e-4, atol=1e-4 * scale,
+                                   msg=name)
+
+
+@pytest.mark.parametrize("role, loss, message", [
+    ("loss_cls", dict(type="QualityFocalLoss", use_sigmoid=True, beta=2.0),
+     "loss_cls must be FocalLoss or SyncFreeFocalLoss to be compiled, got QualityFocalLoss"),
+    ("loss_bbox", dict(type="SmoothL1Loss"),
+     "loss_bbox must be L1Loss or SyncFreeL1Loss to be compiled, got SmoothL1Loss"),
+    ("loss_iou", dict(type="IoULoss"),
+     "loss_iou must be GIoULoss or SyncFreeGIoULoss to be compiled, got IoULoss"),
+])
+def test_unsupported_losses_are_refused(role, loss, message):
+    def model(compile_losses):
+        cfg = Config.fromfile(str(CONFIGS / "synthetic" / "dino_tiny_cpu.py")).model
+        cfg.bbox_head.update(type="BatchedMatchingDINOHead", compile_losses=compile_losses)
+        cfg.bbox_head[role] = loss  # in place of the config's, not merged into it
+        return build_detector(cfg)
+
+    with pytest.raises(ValueError, match=message):
+        model(True)
+    assert type(model(False).bbox_head) is BatchedMatchingDINOHead  # eager: any loss goes
+
+
+def cuda_dn_inputs(num_gts=(3, 0, 2, 1), groups=5, seed=0):
+    """A batch's GT boxes on CUDA and one denoising output for them:
+    (scores (B, D, C), boxes (B, D, 4), gt instances, img metas, dn_meta)."""
+    from mmengine.structures import InstanceData
+
+    gen = torch.Generator().manual_seed(seed)
+    gts, metas = [], []
+    for i, num in enumerate(num_gts):
+        corner = torch.rand(num, 2, generator=gen) * 0.6
+        size = torch.rand(num, 2, generator=gen) * 0.3 + 0.05
+        gts.append(InstanceData(bboxes=(torch.cat([corner, corner + size], 1) * 64).cuda(),
+                                labels=torch.randint(5, (num,), generator=gen).cuda()))
+        metas.append(dict(img_shape=(64, 64 - 8 * i)))
+    num_dn = groups * 2 * max(num_gts)
+    meta = dict(num_denoising_groups=groups, num_denoising_queries=num_dn)
+    scores = torch.randn(len(gts), num_dn, 5, generator=gen).cuda()
+    boxes = (torch.rand(len(gts), num_dn, 4, generator=gen) * 0.5 + 0.1).cuda()
+    return scores, boxes, gts, metas, meta
+
+
+def cuda_head(compile_losses: bool, losses: dict):
+    dino = detr_model_cfg("dino-4scale")
+    cfg = dict(dino.bbox_head, num_classes=5, train_cfg=copy.deepcopy(dino.train_cfg),
+               type="BatchedMatchingDINOHead", compile_losses=compile_losses, **losses)
+    with DefaultScope.overwrite_default_scope("mmdet"):
+        return MODELS.build(cfg).cuda()
+
+
+SYNC_FREE = dict(loss_cls=dict(type="SyncFreeFocalLoss", gamma=2.0, alpha=0.25),
+                 loss_bbox=dict(type="SyncFreeL1Loss", loss_weight=5.0),
+                 loss_iou=dict(type="SyncFreeGIoULoss", loss_weight=2.0))
+
+
+@pytest.mark.gpu
+def test_denoising_losses_do_not_wait_on_cuda():
+    # A denoising output's targets and losses, eager with the sync-free
+    # losses and compiled, run under CUDA's sync debug mode "error" (any
+    # wait raises); with mmdet's L1Loss and GIoULoss they wait (2 + 1 a call).
+    inputs = cuda_dn_inputs()
+    eager, compiled, mmdets = cuda_head(False, SYNC_FREE), cuda_head(True, {}), cuda_head(False, {})
+    compiled._loss_dn_single(*inputs)  # compiles
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        ours = [head._loss_dn_single(*inputs) for head in (eager, compiled)]
+        with pytest.raises(RuntimeError, match="synchroniz"):
+            mmdets._loss_dn_single(*inputs)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    for x, y in zip(*ours):
+        torch.testing.assert_close(y, x, rtol=RTOL, atol=ATOL)
