@@ -245,3 +245,31 @@ def test_bad_input_is_refused():
         bbox_overlaps(pred[None], pred[None].expand(2, 3, 4))
     with pytest.raises(ValueError, match="bboxes1 has 3, bboxes2 2"):
         bbox_overlaps(pred, pred[:2], is_aligned=True)
+
+
+@pytest.mark.parametrize("weight", [None, "some"])
+@pytest.mark.parametrize("override", [None, "none", "sum"])
+def test_losses_trace_into_one_graph(weight, override):
+    # Dynamo alone (torch._dynamo.explain, no inductor: fast); mmdet's
+    # `if not torch.any(weight > 0)` breaks the graph, ours do not.
+    pred, target = boxes(6, torch.float32, 0), boxes(6, torch.float32, 1)
+    w = box_weights(weight, 6, torch.float32)
+    labels, logits = labels_and_logits(6, torch.float32, 0)
+    factor = None if override == "sum" else 2.0
+
+    def all_losses(losses, pred, target, w, labels, logits):
+        l1, giou, focal = losses
+        return (l1(pred, target, w, avg_factor=factor, reduction_override=override),
+                giou(pred, target, w, avg_factor=factor, reduction_override=override),
+                focal(logits, labels, None if w is None else w[:, 0], avg_factor=factor,
+                      reduction_override=override),
+                bbox_overlaps(pred, target, mode="giou"))
+
+    args = (pred, target, w, labels, logits)
+    ours = torch._dynamo.explain(all_losses)(
+        (SyncFreeL1Loss(), SyncFreeGIoULoss(), SyncFreeFocalLoss()), *args)
+    assert ours.graph_break_count == 0 and ours.graph_count == 1, ours.break_reasons
+    if w is not None:
+        theirs = torch._dynamo.explain(all_losses)(
+            (L1Loss(), GIoULoss(), SyncFreeFocalLoss()), *args)
+        assert theirs.graph_break_count > 0
