@@ -109,6 +109,21 @@ def _num_total_pos(num_total_pos: int, dtype: torch.dtype, device: torch.device)
     return torch.clamp(_normaliser(num_total_pos, dtype, device), min=1).item()
 
 
+def _focal_loss_dtype(loss_cls: nn.Module, cls_scores: Tensor, label_weights: Tensor,
+                      cls_avg_factor) -> torch.dtype:
+    """The dtype of ``_cls_loss`` with the focal loss ``loss_cls``, known
+    before it is computed (the box losses' normaliser takes it): its (N, C)
+    terms times the label weights, then, reduced by 'mean', divided by the
+    normaliser, whose (1,) tensor (sync_cls_avg_factor) sets the dtype
+    against the 0-dim sum (bf16 predictions under AMP: a bf16 loss)."""
+    if cls_scores.numel() == 0:
+        return cls_scores.dtype
+    dtype = torch.promote_types(cls_scores.dtype, label_weights.dtype)
+    if loss_cls.reduction != "mean":
+        return dtype
+    return torch.result_type(torch.empty((), dtype=dtype), cls_avg_factor)
+
+
 def _cls_loss(loss_cls: nn.Module, cls_scores: Tensor, labels_list: List[Tensor],
               label_weights_list: List[Tensor], cls_avg_factor) -> Tensor:
     """DETRHead's classification loss of (B, Q, C) scores."""
@@ -320,10 +335,8 @@ class BatchedMatchingDINOHead(DINOHead):
         # compares them in pixels (factors in the predictions' dtype).
         factors = _image_factors(batch_img_metas, bbox_preds.dtype, bbox_preds.device)
         if self.compile_losses:
-            # The focal loss's dtype, known before it is computed: its (N, C)
-            # terms times the (N,) label weights.
-            cls_dtype = (torch.promote_types(cls_scores.dtype, label_weights_list[0].dtype)
-                         if cls_scores.numel() else cls_scores.dtype)
+            cls_dtype = _focal_loss_dtype(self._sync_free_losses[0], cls_scores,
+                                          label_weights_list[0], cls_avg_factor)
             return self._compiled_losses()(
                 self._sync_free_losses, cls_scores, bbox_preds, labels_list, label_weights_list,
                 bbox_targets_list, bbox_weights_list, factors, cls_avg_factor,

@@ -94,9 +94,10 @@ def test_unsupported_losses_are_refused(role, loss, message):
     assert type(model(False).bbox_head) is BatchedMatchingDINOHead  # eager: any loss goes
 
 
-def cuda_dn_inputs(num_gts=(3, 0, 2, 1), groups=5, seed=0):
-    """A batch's GT boxes on CUDA and one denoising output for them:
-    (scores (B, D, C), boxes (B, D, 4), gt instances, img metas, dn_meta)."""
+def dn_inputs(device, dtype=torch.float32, num_gts=(3, 0, 2, 1), groups=5, seed=0):
+    """A batch's GT boxes on ``device`` and one denoising output for them in
+    ``dtype``: (scores (B, D, C), boxes (B, D, 4), gt instances, img metas,
+    dn_meta)."""
     from mmengine.structures import InstanceData
 
     gen = torch.Generator().manual_seed(seed)
@@ -104,22 +105,43 @@ def cuda_dn_inputs(num_gts=(3, 0, 2, 1), groups=5, seed=0):
     for i, num in enumerate(num_gts):
         corner = torch.rand(num, 2, generator=gen) * 0.6
         size = torch.rand(num, 2, generator=gen) * 0.3 + 0.05
-        gts.append(InstanceData(bboxes=(torch.cat([corner, corner + size], 1) * 64).cuda(),
-                                labels=torch.randint(5, (num,), generator=gen).cuda()))
+        gts.append(InstanceData(bboxes=(torch.cat([corner, corner + size], 1) * 64).to(device),
+                                labels=torch.randint(5, (num,), generator=gen).to(device)))
         metas.append(dict(img_shape=(64, 64 - 8 * i)))
     num_dn = groups * 2 * max(num_gts)
     meta = dict(num_denoising_groups=groups, num_denoising_queries=num_dn)
-    scores = torch.randn(len(gts), num_dn, 5, generator=gen).cuda()
-    boxes = (torch.rand(len(gts), num_dn, 4, generator=gen) * 0.5 + 0.1).cuda()
+    scores = torch.randn(len(gts), num_dn, 5, generator=gen).to(device, dtype)
+    boxes = (torch.rand(len(gts), num_dn, 4, generator=gen) * 0.5 + 0.1).to(device, dtype)
     return scores, boxes, gts, metas, meta
 
 
-def cuda_head(compile_losses: bool, losses: dict):
+def dino_head(compile_losses: bool, losses: dict, device="cuda"):
     dino = detr_model_cfg("dino-4scale")
     cfg = dict(dino.bbox_head, num_classes=5, train_cfg=copy.deepcopy(dino.train_cfg),
                type="BatchedMatchingDINOHead", compile_losses=compile_losses, **losses)
     with DefaultScope.overwrite_default_scope("mmdet"):
-        return MODELS.build(cfg).cuda()
+        return MODELS.build(cfg).to(device)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("num_gts, groups", [((3, 0, 2, 1), 5), ((0, 0), 3),
+                                             ((3, 4), 43)])  # 301 positives: not a bf16 number
+@pytest.mark.parametrize("sync_cls_avg_factor", [True, False])  # (1,) tensor or float
+def test_compiled_path_is_mmdets_before_compiling(dtype, num_gts, groups, sync_cls_avg_factor,
+                                                  monkeypatch):
+    # What compile_losses compiles, run eagerly (torch.compile as identity):
+    # mmdet's DINOHead losses bit for bit in every dtype, so the normalisers
+    # (their dtype known before the focal loss is computed) and the losses
+    # built from the configured ones are mmdet's; compiling only reorders.
+    monkeypatch.setattr(torch, "compile", lambda fn, **kwargs: fn)
+    head = dino_head(True, {}, device="cpu")
+    cfg = dict(detr_model_cfg("dino-4scale").bbox_head, num_classes=5, type="DINOHead")
+    with DefaultScope.overwrite_default_scope("mmdet"):
+        mmdet_head = MODELS.build(cfg)
+    head.sync_cls_avg_factor = mmdet_head.sync_cls_avg_factor = sync_cls_avg_factor
+    inputs = dn_inputs("cpu", dtype, num_gts, groups)
+    for x, y in zip(head._loss_dn_single(*inputs), mmdet_head._loss_dn_single(*inputs)):
+        assert x.dtype == y.dtype and x.shape == y.shape and torch.equal(x, y)
 
 
 SYNC_FREE = dict(loss_cls=dict(type="SyncFreeFocalLoss", gamma=2.0, alpha=0.25),
@@ -132,8 +154,9 @@ def test_denoising_losses_do_not_wait_on_cuda():
     # A denoising output's targets and losses, eager with the sync-free
     # losses and compiled, run under CUDA's sync debug mode "error" (any
     # wait raises); with mmdet's L1Loss and GIoULoss they wait (2 + 1 a call).
-    inputs = cuda_dn_inputs()
-    eager, compiled, mmdets = cuda_head(False, SYNC_FREE), cuda_head(True, {}), cuda_head(False, {})
+    inputs = dn_inputs("cuda")
+    eager, compiled, mmdets = (dino_head(False, SYNC_FREE), dino_head(True, {}),
+                               dino_head(False, {}))
     compiled._loss_dn_single(*inputs)  # compiles
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
