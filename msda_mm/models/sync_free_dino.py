@@ -36,15 +36,14 @@ LevelSizes = Sequence[Tuple[int, int]]
 class SyncFreeDINO(DINO):
     """``DINO`` whose encoder reference points, encoder output proposals and
     denoising queries wait on the device once a step (the label noise's
-    ``nonzero``) instead of 2 * 2 * 2 * L + 3 * B times (L levels, B images).
+    ``nonzero``) instead of 8 * L + about 3 * B times (L levels, B images).
     Same arguments, parameters (state_dict keys), random draws, outputs and
     losses as ``DINO``."""
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        # The same generator's class swapped: DINO built and initialised its
-        # label embedding; a second one built under fork_rng takes none of
-        # DINO's random draws.
+        # DINO's generator replaced, its label embedding kept; the new one is
+        # built under fork_rng, so that DINO's random draws stay DINO's.
         generator = self.dn_query_generator
         with torch.random.fork_rng(devices=[]):
             self.dn_query_generator = SyncFreeCdnQueryGenerator(
