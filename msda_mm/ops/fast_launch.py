@@ -16,7 +16,6 @@ every launch takes the ordinary path.
 """
 from __future__ import annotations
 
-import torch
 from triton.compiler import CompiledKernel
 
 # What an ordinary launch must return for it to be kept (a test hook).

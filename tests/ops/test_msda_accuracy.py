@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from msda_mm import multi_scale_deformable_attention
+
 from msda_inputs import DEVICES, assert_close_to_reference, make_inputs
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
