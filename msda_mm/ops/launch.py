@@ -340,6 +340,73 @@ def _deterministic_grad_value(go, value, spatial_shapes, level_start_index, samp
     return grad_value
 
 
+def plan_backward(value, sampling_locations, attention_weights, fp32_grad_accum: bool,
+                  deterministic: bool = False, softmax: bool = False) -> tuple:
+    """What msda_backward's launches take from the forward's inputs alone:
+    the tile, grid, accumulator dtypes and those inputs' strides.  Made on
+    the forward's thread, it takes that Python off autograd's device thread,
+    where the backward runs about 3x slower than on the calling thread
+    (docs/design.md)."""
+    if softmax and deterministic:
+        raise ValueError("msda_backward: softmax=True takes the float-atomic backward only, "
+                         "got deterministic=True (run it on point_softmax(logits) instead)")
+    B, S, M, D = value.shape
+    _, Q, _, L, K, _ = sampling_locations.shape
+    acc = _acc_dtype(value, sampling_locations, attention_weights)
+    # Without grad_value the fp32 tile (8 points a chunk): the bf16 one spilled at D = 256
+    # on sm_90 (1 register; research/compile_check.py).
+    tile = _tile("bwd", value, L * K, B * Q * M, 4 if deterministic else 0)
+    # The kernel stores the weights' gradient g in g_attn; with softmax, the
+    # logits' p * (g - sum(p * g)) in grad_attn after it.  g in point_softmax's
+    # dtype (fp32 at least), as the unfused backward had it: 16-bit g would
+    # round (2**-9 for bf16) before that subtraction cancels.
+    g_dtype = (torch.promote_types(attention_weights.dtype, torch.float32) if softmax
+               else attention_weights.dtype)
+    accum = None if deterministic else (torch.float32 if fp32_grad_accum else value.dtype)
+    strides = (*value.stride(), *sampling_locations.stride(), *attention_weights.stride())
+    return (_grid(value, Q, tile["BLOCK_Q"]), dict(tile, L=L, K=K, ACC=acc, SOFTMAX=softmax),
+            accum, g_dtype, strides, (Q, S, D), M)
+
+
+def run_backward(plan: tuple, grad_output, value, spatial_shapes, level_start_index,
+                 sampling_locations, attention_weights):
+    """msda_backward with its plan_backward made before."""
+    grid, meta, accum, g_dtype, strides, sizes, M = plan
+    grad_loc = sampling_locations.new_empty(sampling_locations.shape)
+    grad_attn = attention_weights.new_empty(attention_weights.shape)
+    g_attn, grad_logit = grad_attn, None
+    if meta["SOFTMAX"]:
+        grad_logit = grad_attn
+        if g_dtype != grad_attn.dtype:
+            g_attn = torch.empty_like(grad_attn, dtype=g_dtype)
+    # grad_output (B, Q, M * D) read as (B, Q, M, D) by its strides: no view op.
+    gob, goq, goc = grad_output.stride()
+    go_strides = (gob, goq, sizes[2] * goc, goc)
+    grad_value, pdl, gv_strides = None, False, (0, 0, 0)
+    if accum is not None:
+        grad_value = torch.empty(value.shape, device=value.device, dtype=accum)
+        gv_strides = grad_value.stride()[:3]
+        # The fill must be the kernel right before the backward: with PDL the
+        # backward starts while the fill runs, and only its atomics wait for it.
+        # (This assumes no other thread queues work on the same stream in
+        # between, which PyTorch's stream semantics leave to the caller anyway.)
+        pdl = fill_zeros(grad_value)
+    with _device_guard(value):
+        msda_bwd_kernel[grid](
+            grad_output, value, spatial_shapes, level_start_index, sampling_locations,
+            attention_weights, grad_value, grad_loc, g_attn, grad_logit, *sizes,
+            *go_strides, *strides, *gv_strides, *grad_loc.stride(), *g_attn.stride(),
+            PDL=pdl, launch_pdl=pdl, **meta,
+        )
+    if accum is None:
+        grad_value = _deterministic_grad_value(
+            grad_output.unflatten(-1, (M, sizes[2])), value, spatial_shapes, level_start_index,
+            sampling_locations, attention_weights, meta["ACC"])
+    elif accum != value.dtype:
+        grad_value = grad_value.to(value.dtype)
+    return grad_value, grad_loc, grad_attn
+
+
 def msda_backward(grad_output, value, spatial_shapes, level_start_index, sampling_locations,
                   attention_weights, fp32_grad_accum: bool, deterministic: bool = False,
                   softmax: bool = False):
@@ -357,49 +424,7 @@ def msda_backward(grad_output, value, spatial_shapes, level_start_index, samplin
     ``deterministic``, whose grad_value takes the weights themselves (msda.py
     runs that backward on point_softmax's weights).
     """
-    if softmax and deterministic:
-        raise ValueError("msda_backward: softmax=True takes the float-atomic backward only, "
-                         "got deterministic=True (run it on point_softmax(logits) instead)")
-    B, S, M, D = value.shape
-    _, Q, _, L, K, _ = sampling_locations.shape
-    grad_loc = sampling_locations.new_empty(sampling_locations.shape)
-    grad_attn = attention_weights.new_empty(attention_weights.shape)
-    # The kernel stores the weights' gradient g in g_attn; with softmax, the
-    # logits' p * (g - sum(p * g)) in grad_attn after it.  g in point_softmax's
-    # dtype (fp32 at least), as the unfused backward had it: 16-bit g would
-    # round (2**-9 for bf16) before that subtraction cancels.
-    g_attn, grad_logit = grad_attn, None
-    if softmax:
-        grad_logit = grad_attn
-        g_dtype = torch.promote_types(attention_weights.dtype, torch.float32)
-        if g_dtype != grad_attn.dtype:
-            g_attn = torch.empty_like(grad_attn, dtype=g_dtype)
-    go = grad_output.unflatten(-1, (M, D))  # a view for any strides
-    acc = _acc_dtype(value, sampling_locations, attention_weights)
-    # Without grad_value the fp32 tile (8 points a chunk): the bf16 one spilled at D = 256
-    # on sm_90 (1 register; research/compile_check.py).
-    tile = _tile("bwd", value, L * K, B * Q * M, 4 if deterministic else 0)
-    grad_value, pdl, gv_strides = None, False, (0, 0, 0)
-    if not deterministic:
-        accum = torch.float32 if fp32_grad_accum else value.dtype
-        grad_value = torch.empty(value.shape, device=value.device, dtype=accum)
-        gv_strides = grad_value.stride()[:3]
-        # The fill must be the kernel right before the backward: with PDL the
-        # backward starts while the fill runs, and only its atomics wait for it.
-        # (This assumes no other thread queues work on the same stream in
-        # between, which PyTorch's stream semantics leave to the caller anyway.)
-        pdl = fill_zeros(grad_value)
-    with _device_guard(value):
-        msda_bwd_kernel[_grid(value, Q, tile["BLOCK_Q"])](
-            go, value, spatial_shapes, level_start_index, sampling_locations, attention_weights,
-            grad_value, grad_loc, g_attn, grad_logit,
-            Q, S, D,
-            *go.stride(), *value.stride(), *sampling_locations.stride(),
-            *attention_weights.stride(),
-            *gv_strides, *grad_loc.stride(), *g_attn.stride(),
-            L=L, K=K, ACC=acc, PDL=pdl, SOFTMAX=softmax, launch_pdl=pdl, **tile,
-        )
-    if deterministic:
-        grad_value = _deterministic_grad_value(go, value, spatial_shapes, level_start_index,
-                                               sampling_locations, attention_weights, acc)
-    return grad_value.to(value.dtype), grad_loc, grad_attn
+    plan = plan_backward(value, sampling_locations, attention_weights, fp32_grad_accum,
+                         deterministic, softmax)
+    return run_backward(plan, grad_output, value, spatial_shapes, level_start_index,
+                        sampling_locations, attention_weights)

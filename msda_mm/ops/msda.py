@@ -216,10 +216,11 @@ class _EagerMSDA(torch.autograd.Function):
     Why a second entry point: the custom-op wrappers alone cost 70 us of host
     time per forward on a dev CPU against 17 us for an autograd.Function,
     and on the H200 (torch 2.11) host time per decoder forward + backward
-    went from 824 to 774 us with this path.  Of what remains, the backward's
-    Python runs about twice as slow on autograd's device thread as on the
-    calling thread (docs/design.md).  torch.compile sees
-    only the custom ops.
+    went from 824 to 774 us with this path.  The backward's Python runs
+    about 3x slower on autograd's device thread than on the calling thread,
+    so the forward makes the backward's launch plan (launch.plan_backward)
+    and the backward only allocates and launches (docs/design.md).
+    torch.compile sees only the custom ops.
     """
 
     @staticmethod
@@ -227,16 +228,27 @@ class _EagerMSDA(torch.autograd.Function):
                 attention_weights, fp32_grad_accum, deterministic, softmax):
         _setup_context(ctx, (value, spatial_shapes, level_start_index, sampling_locations,
                              attention_weights, fp32_grad_accum, deterministic, softmax), None)
-        return _forward_impl(value, spatial_shapes, level_start_index, sampling_locations,
-                             attention_weights, softmax)
+        out = _forward_impl(value, spatial_shapes, level_start_index, sampling_locations,
+                            attention_weights, softmax)
+        # Planned for the float-atomic backward only; the backward checks the mode again.
+        atomic = not (deterministic or (deterministic is None
+                                        and torch.are_deterministic_algorithms_enabled()))
+        ctx.plan = launch.plan_backward(
+            value, sampling_locations, attention_weights,
+            resolve_fp32_grad_accum(value, fp32_grad_accum), softmax=softmax
+        ) if atomic and not _is_empty(value, sampling_locations) else None
+        return out
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_output):
-        grad_value, grad_loc, grad_attn = _backward_impl(
-            grad_output, *ctx.saved_tensors, ctx.fp32_grad_accum, ctx.deterministic,
-            ctx.softmax)
-        return grad_value, None, None, grad_loc, grad_attn, None, None, None
+        if ctx.plan is None or resolve_deterministic(ctx.deterministic):
+            grads = _backward_impl(grad_output, *ctx.saved_tensors, ctx.fp32_grad_accum,
+                                   ctx.deterministic, ctx.softmax)
+        else:
+            _alert_nondeterministic()
+            grads = launch.run_backward(ctx.plan, grad_output, *ctx.saved_tensors)
+        return grads[0], None, None, grads[1], grads[2], None, None, None
 
 
 def multi_scale_deformable_attention(

@@ -78,9 +78,9 @@ def test_whatever_triton_specialises_on_takes_the_ordinary_path(jit_fn, change):
 
 def test_equal_properties_share_a_key_and_the_cache_is_bounded(jit_fn, monkeypatch):
     a, b = torch.zeros(16), torch.ones(16)
-    assert specialisation_key((a, 3), {}) == specialisation_key((b, 3), {})
-    assert specialisation_key((a, 3), {}) == specialisation_key((a[4:], 3), {})  # 16 bytes on
-    assert specialisation_key((a, 3), {}) != specialisation_key((a[1:], 3), {})
+    assert specialisation_key((a, 3), {}, 1) == specialisation_key((b, 3), {}, 1)
+    assert specialisation_key((a, 3), {}, 1) == specialisation_key((a[4:], 3), {}, 1)  # 16 bytes on
+    assert specialisation_key((a, 3), {}, 1) != specialisation_key((a[1:], 3), {}, 1)
     monkeypatch.setattr(FastLaunch, "MAX_KERNELS", 2)
     fast = FastLaunch(jit_fn)
     for n in (1, 2, 3):  # the third key starts the cache over

@@ -5,6 +5,8 @@ CPU: the Triton kernels in the interpreter.  GPU (-m gpu): compiled kernels.
 import pytest
 import torch
 
+from msda_mm import multi_scale_deformable_attention
+
 from msda_inputs import DEVICES, assert_close_to_reference, make_inputs
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
@@ -100,6 +102,27 @@ def test_non_contiguous_inputs(device):
         .permute(4, 3, 2, 1, 0)
     assert not args["value"].is_contiguous() and not args["sampling_locations"].is_contiguous()
     assert_close_to_reference(args, device, seed)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_strided_grad_output_gives_the_contiguous_ones_gradients(device):
+    """The backward reads grad_output (B, Q, M * D) by its strides as
+    (B, Q, M, D): batch-major, transposed and every-other-column layouts
+    give bitwise the gradients of the contiguous one."""
+    args, _ = make_inputs(B=2, Q=6, M=2, D=8)
+    args = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in args.items()}
+    leaves = [args[k].requires_grad_() for k in ("value", "sampling_locations",
+                                                   "attention_weights")]
+    out = multi_scale_deformable_attention(**args)
+    go = torch.randn(out.shape, generator=torch.Generator().manual_seed(3)).to(device)
+    layouts = [go.transpose(0, 1).contiguous().transpose(0, 1),
+               torch.stack([go, go], dim=-1)[..., 0]]
+    want = torch.autograd.grad(out, leaves, go, retain_graph=True)
+    for strided in layouts:
+        assert not strided.is_contiguous()
+        got = torch.autograd.grad(out, leaves, strided, retain_graph=True)
+        for g, w in zip(got, want):
+            torch.testing.assert_close(g, w, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("device", DEVICES)

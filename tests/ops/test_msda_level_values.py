@@ -98,6 +98,46 @@ def test_device_starts_match_the_aten_derivation(dtype, shapes):
     assert got.tolist() == level_start_index_from_shapes(spatial_shapes).tolist()
 
 
+def test_device_starts_are_kept_for_the_same_unmodified_shapes():
+    """The last call's starts serve the same tensor again, and only while it
+    is unmodified: an in-place change, another tensor or an inference tensor
+    (no version counter) gets starts of its own values."""
+    shapes = torch.tensor([[4, 5], [2, 3]])
+    first = level_starts_on_device(shapes)
+    assert level_starts_on_device(shapes) is first
+    shapes[0, 0] = 6  # bumps the version counter
+    changed = level_starts_on_device(shapes)
+    assert changed is not first and changed.tolist() == [0, 30]
+    other = torch.tensor([[6, 5], [2, 3]])
+    assert level_starts_on_device(other) is not changed
+    with torch.inference_mode():
+        frozen = torch.tensor([[1, 2], [3, 4]])
+        assert level_starts_on_device(frozen).tolist() == [0, 2]
+        frozen_again = level_starts_on_device(frozen)
+    assert frozen_again.tolist() == [0, 2]
+    assert level_starts_on_device(other).tolist() == [0, 30]
+
+
+@pytest.mark.gpu
+def test_a_captured_graph_owns_its_level_starts():
+    """Kept starts are neither used nor kept while a CUDA graph is captured:
+    the graph's replay reads starts of its own pool, right after the eager
+    ones are dropped."""
+    shapes = torch.tensor([[4, 5], [2, 3]], device="cuda")
+    eager = level_starts_on_device(shapes)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = level_starts_on_device(shapes)
+    assert captured is not eager and level_starts_on_device(shapes) is eager
+    level_starts_on_device(torch.tensor([[1, 1]], device="cuda"))  # drops the eager entry
+    del eager
+    torch.cuda.empty_cache()
+    captured.fill_(-1)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert captured.tolist() == [0, 20]
+
+
 @pytest.mark.gpu
 def test_cuda_ignores_a_disagreeing_index_without_a_sync():
     """On CUDA the index's values are not read (they could not be checked

@@ -1,0 +1,134 @@
+"""mmdet's DINO without the transformer's waits on the device outside the head.
+
+mmdet iterates the levels' (H, W) as a device tensor where it needs them as
+numbers: the encoder's reference points and the encoder's output proposals
+read them by ``linspace`` (a scalar read each: 32 waits a step with 4
+levels), and its denoising query generator copies a factor per image and
+counts queries on the device.  Here the levels' sizes are kept as the Python
+ints mmdet reads them from (the feature maps' shapes) for those two, the
+(H, W) tensor still goes to the attention layers, and the denoising queries
+come from ``SyncFreeCdnQueryGenerator``.  Each tensor is computed by mmdet's
+operations on the same numbers (an int and the 0-d tensor holding it give
+the same float32 product), so the outputs and losses are DINO's.
+"""
+from __future__ import annotations
+
+from typing import Dict, Optional, Sequence, Tuple
+
+import torch
+from torch import Tensor
+
+from .. import compat  # noqa: F401  (first: on mmcv-lite, mmdet.models imports only after it)
+
+# isort: split
+from mmdet.models.detectors import DINO
+from mmdet.models.layers import DeformableDetrTransformerEncoder
+from mmdet.registry import MODELS
+from mmdet.structures import OptSampleList
+
+from .one_copy import to_device
+from .sync_free_cdn_query_generator import SyncFreeCdnQueryGenerator
+
+LevelSizes = Sequence[Tuple[int, int]]
+
+
+@MODELS.register_module()
+class SyncFreeDINO(DINO):
+    """``DINO`` whose encoder reference points, encoder output proposals and
+    denoising queries wait on the device once a step (the label noise's
+    ``nonzero``) instead of 8 * L + about 3 * B times (L levels, B images).
+    Same arguments, parameters (state_dict keys), random draws, outputs and
+    losses as ``DINO``."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        # DINO's generator replaced, its label embedding kept; the new one is
+        # built under fork_rng, so that DINO's random draws stay DINO's.
+        generator = self.dn_query_generator
+        with torch.random.fork_rng(devices=[]):
+            self.dn_query_generator = SyncFreeCdnQueryGenerator(
+                num_classes=generator.num_classes, embed_dims=generator.embed_dims,
+                num_matching_queries=generator.num_matching_queries,
+                label_noise_scale=generator.label_noise_scale,
+                box_noise_scale=generator.box_noise_scale,
+                group_cfg=_group_cfg(generator))
+        self.dn_query_generator.label_embedding = generator.label_embedding
+
+    def pre_transformer(self, mlvl_feats: Tuple[Tensor],
+                        batch_data_samples: OptSampleList = None) -> Tuple[Dict, Dict]:
+        """``DeformableDETR.pre_transformer``, whose encoder inputs also hold
+        ``level_sizes``: each level's (H, W) as ints."""
+        encoder_inputs, decoder_inputs = super().pre_transformer(mlvl_feats, batch_data_samples)
+        encoder_inputs["level_sizes"] = tuple(tuple(feat.shape[-2:]) for feat in mlvl_feats)
+        return encoder_inputs, decoder_inputs
+
+    def forward_encoder(self, feat: Tensor, feat_mask: Optional[Tensor], feat_pos: Tensor,
+                        spatial_shapes: Tensor, level_start_index: Tensor,
+                        valid_ratios: Tensor, level_sizes: LevelSizes) -> Dict:
+        """``DeformableDETR.forward_encoder`` with the encoder's reference
+        points made from ``level_sizes``; the outputs' ``spatial_shapes``
+        (read by ``pre_decoder``'s proposals only) are ``level_sizes``."""
+        # mmdet's own function, on ints instead of the tensor's 0-d entries.
+        reference_points = DeformableDetrTransformerEncoder.get_encoder_reference_points(
+            level_sizes, valid_ratios, device=feat.device)
+        memory = feat
+        for layer in self.encoder.layers:  # DeformableDetrTransformerEncoder.forward
+            memory = layer(query=memory, query_pos=feat_pos, key_padding_mask=feat_mask,
+                           spatial_shapes=spatial_shapes, level_start_index=level_start_index,
+                           valid_ratios=valid_ratios, reference_points=reference_points)
+        return dict(memory=memory, memory_mask=feat_mask, spatial_shapes=level_sizes)
+
+    def gen_encoder_output_proposals(self, memory: Tensor, memory_mask: Optional[Tensor],
+                                     spatial_shapes: LevelSizes) -> Tuple[Tensor, Tensor]:
+        """``DeformableDETR.gen_encoder_output_proposals``, with
+        ``spatial_shapes`` the levels' (H, W) as ints; without a mask the
+        levels' (W, H) come in one non-blocking copy (mmdet's ``new_tensor``
+        of a pair waits, once per level)."""
+        bs = memory.size(0)
+        if memory_mask is None:
+            sizes = torch.tensor(spatial_shapes, dtype=torch.long).flip(-1)
+            (whole_scale,) = to_device([sizes], memory.device)
+        proposals, start = [], 0
+        for lvl, (h, w) in enumerate(spatial_shapes):
+            if memory_mask is not None:
+                mask = memory_mask[:, start:start + h * w].view(bs, h, w, 1)
+                valid_h = torch.sum(~mask[:, :, 0, 0], 1).unsqueeze(-1)
+                valid_w = torch.sum(~mask[:, 0, :, 0], 1).unsqueeze(-1)
+                scale = torch.cat([valid_w, valid_h], 1).view(bs, 1, 1, 2)
+            else:
+                scale = whole_scale[lvl].view(1, 1, 1, 2)
+            grid_y, grid_x = torch.meshgrid(
+                torch.linspace(0, h - 1, h, dtype=torch.float32, device=memory.device),
+                torch.linspace(0, w - 1, w, dtype=torch.float32, device=memory.device),
+                indexing="ij")
+            grid = torch.cat([grid_x.unsqueeze(-1), grid_y.unsqueeze(-1)], -1)
+            grid = (grid.unsqueeze(0).expand(bs, -1, -1, -1) + 0.5) / scale
+            wh = torch.ones_like(grid) * 0.05 * (2.0 ** lvl)
+            proposals.append(torch.cat((grid, wh), -1).view(bs, -1, 4))
+            start += h * w
+        return self._masked_proposals(memory, memory_mask, torch.cat(proposals, 1))
+
+    def _masked_proposals(self, memory: Tensor, memory_mask: Optional[Tensor],
+                          proposals: Tensor) -> Tuple[Tensor, Tensor]:
+        """The tail of ``DeformableDETR.gen_encoder_output_proposals``: the
+        proposals (bs, N, 4) in inverse-sigmoid space, inf where masked or
+        out of (0.01, 0.99), and the memory zeroed there, transformed."""
+        valid = ((proposals > 0.01) & (proposals < 0.99)).sum(
+            -1, keepdim=True) == proposals.shape[-1]
+        proposals = torch.log(proposals / (1 - proposals))
+        output_memory = memory
+        if memory_mask is not None:
+            proposals = proposals.masked_fill(memory_mask.unsqueeze(-1), float("inf"))
+            output_memory = output_memory.masked_fill(memory_mask.unsqueeze(-1), float(0))
+        proposals = proposals.masked_fill(~valid, float("inf"))
+        output_memory = output_memory.masked_fill(~valid, float(0))
+        output_memory = self.memory_trans_norm(self.memory_trans_fc(output_memory))
+        return output_memory, proposals
+
+
+def _group_cfg(generator) -> Dict:
+    """The ``group_cfg`` that builds ``generator``'s grouping again."""
+    if generator.dynamic_dn_groups:
+        return dict(dynamic=True, num_dn_queries=generator.num_dn_queries)
+    return dict(dynamic=False, num_groups=generator.num_groups)
+
