@@ -130,6 +130,16 @@ def test_compiled_losses_config_is_compiled_plus_the_sync_free_losses():
         assert head[name].pop("type") == "SyncFree" + base_head[name].pop("type")
     assert ours == base
 
+
+def test_fastest_config_is_sync_free_with_the_compiled_losses_head():
+    fastest = _load("dino_bf16_fastest.py").to_dict()
+    sync_free = _load("dino_bf16_sync_free.py").to_dict()
+    losses = _load("dino_bf16_compiled_losses.py").to_dict()
+    assert fastest["model"].pop("bbox_head") == losses["model"]["bbox_head"]
+    sync_free["model"].pop("bbox_head")
+    assert fastest == sync_free
+
+
 @pytest.mark.parametrize("name", ALL)
 def test_learned_bn_statistics_are_synced_across_ranks(name):
     # Under DDP each rank updates its own BN buffers; a config whose backbone

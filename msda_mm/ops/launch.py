@@ -372,8 +372,11 @@ def run_backward(plan: tuple, grad_output, value, spatial_shapes, level_start_in
                  sampling_locations, attention_weights):
     """msda_backward with its plan_backward made before."""
     grid, meta, accum, g_dtype, strides, sizes, M = plan
-    grad_loc = sampling_locations.new_empty(sampling_locations.shape)
-    grad_attn = attention_weights.new_empty(attention_weights.shape)
+    # torch.empty: one aten op where new_empty is two.
+    grad_loc = torch.empty(sampling_locations.shape, dtype=sampling_locations.dtype,
+                           device=value.device)
+    grad_attn = torch.empty(attention_weights.shape, dtype=attention_weights.dtype,
+                            device=value.device)
     g_attn, grad_logit = grad_attn, None
     if meta["SOFTMAX"]:
         grad_logit = grad_attn

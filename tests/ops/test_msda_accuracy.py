@@ -107,8 +107,10 @@ def test_non_contiguous_inputs(device):
 @pytest.mark.parametrize("device", DEVICES)
 def test_a_strided_grad_output_gives_the_contiguous_ones_gradients(device):
     """The backward reads grad_output (B, Q, M * D) by its strides as
-    (B, Q, M, D): batch-major, transposed and every-other-column layouts
-    give bitwise the gradients of the contiguous one."""
+    (B, Q, M, D): transposed and every-other-column layouts give the
+    contiguous one's gradients, bitwise for the locations and weights (no
+    atomics); grad_value's float atomics add in a varying order, so on CUDA
+    it may differ by fp32 reordering (2**-23 relative per addition)."""
     args, _ = make_inputs(B=2, Q=6, M=2, D=8)
     args = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in args.items()}
     leaves = [args[k].requires_grad_() for k in ("value", "sampling_locations",
@@ -121,7 +123,8 @@ def test_a_strided_grad_output_gives_the_contiguous_ones_gradients(device):
     for strided in layouts:
         assert not strided.is_contiguous()
         got = torch.autograd.grad(out, leaves, strided, retain_graph=True)
-        for g, w in zip(got, want):
+        torch.testing.assert_close(got[0], want[0], rtol=1e-5, atol=1e-6)
+        for g, w in zip(got[1:], want[1:]):
             torch.testing.assert_close(g, w, rtol=0, atol=0)
 
 
