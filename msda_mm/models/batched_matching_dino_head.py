@@ -151,6 +151,11 @@ def _box_losses(loss_bbox: nn.Module, loss_iou: nn.Module, bbox_preds: Tensor,
     return loss_bbox, loss_iou
 
 
+# Graphs the compiled losses may keep: a few output layouts times the dtypes
+# they come in, and sizes 0 and 1 (which dynamic shapes specialise).
+_LOSS_GRAPHS = 64
+
+
 def _all_losses(losses: Tuple[nn.Module, nn.Module, nn.Module], cls_scores: Tensor,
                 bbox_preds: Tensor, labels_list: List[Tensor], label_weights_list: List[Tensor],
                 bbox_targets_list: List[Tensor], bbox_weights_list: List[Tensor],
@@ -337,10 +342,13 @@ class BatchedMatchingDINOHead(DINOHead):
         if self.compile_losses:
             cls_dtype = _focal_loss_dtype(self._sync_free_losses[0], cls_scores,
                                           label_weights_list[0], cls_avg_factor)
-            return self._compiled_losses()(
-                self._sync_free_losses, cls_scores, bbox_preds, labels_list, label_weights_list,
-                bbox_targets_list, bbox_weights_list, factors, cls_avg_factor,
-                _num_total_pos(num_total_pos, cls_dtype, cls_scores.device))
+            # One graph per output layout and dtypes (under AMP the outputs' dtypes differ):
+            # at batch 8 on the H200 they passed dynamo's default limit of 8.
+            with torch._dynamo.config.patch(recompile_limit=_LOSS_GRAPHS):
+                return self._compiled_losses()(
+                    self._sync_free_losses, cls_scores, bbox_preds, labels_list,
+                    label_weights_list, bbox_targets_list, bbox_weights_list, factors,
+                    cls_avg_factor, _num_total_pos(num_total_pos, cls_dtype, cls_scores.device))
         loss_cls = _cls_loss(self.loss_cls, cls_scores, labels_list, label_weights_list,
                              cls_avg_factor)
         return (loss_cls, *_box_losses(

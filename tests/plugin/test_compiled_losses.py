@@ -144,6 +144,27 @@ def test_compiled_path_is_mmdets_before_compiling(dtype, num_gts, groups, sync_c
         assert x.dtype == y.dtype and x.shape == y.shape and torch.equal(x, y)
 
 
+def test_many_output_dtypes_and_sizes_compile_without_failing(monkeypatch):
+    # Under AMP the outputs come in several dtypes; each dtype and layout is a
+    # graph of its own, more than dynamo's default 8 for a function, which
+    # failed the fullgraph compile.  New GT counts of the same sizes reuse a
+    # graph (a float normaliser is no specialised constant).  Dynamo alone (the eager
+    # backend) decides what compiles.
+    compile_ = torch.compile
+    monkeypatch.setattr(torch, "compile",
+                        lambda fn, **kwargs: compile_(fn, backend="eager", **kwargs))
+    head = dino_head(True, {}, device="cpu")
+    torch._dynamo.reset()
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        for sync_cls_avg_factor in (True, False):
+            head.sync_cls_avg_factor = sync_cls_avg_factor
+            for num_gts in ((3, 0, 2, 1), (1, 1)):
+                head._loss_dn_single(*dn_inputs("cpu", dtype, num_gts, groups=5))
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] > 8
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        head._loss_dn_single(*dn_inputs("cpu", torch.bfloat16, (3, 2, 3, 1), groups=5))
+
+
 SYNC_FREE = dict(loss_cls=dict(type="SyncFreeFocalLoss", gamma=2.0, alpha=0.25),
                  loss_bbox=dict(type="SyncFreeL1Loss", loss_weight=5.0),
                  loss_iou=dict(type="SyncFreeGIoULoss", loss_weight=2.0))
