@@ -3,7 +3,7 @@ import importlib.util
 
 from .ops import msda_reference, multi_scale_deformable_attention
 
-__version__ = "0.3.0"
+__version__ = "0.4.0"
 __all__ = ["multi_scale_deformable_attention", "msda_reference"]
 
 # The operator needs only torch + triton; the mmdet plugin (registration of

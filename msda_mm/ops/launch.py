@@ -345,7 +345,7 @@ def plan_backward(value, sampling_locations, attention_weights, fp32_grad_accum:
     """What msda_backward's launches take from the forward's inputs alone:
     the tile, grid, accumulator dtypes and those inputs' strides.  Made on
     the forward's thread, it takes that Python off autograd's device thread,
-    where the backward runs about 3x slower than on the calling thread
+    where the backward's Python runs about 2x slower than on the calling thread
     (docs/design.md)."""
     if softmax and deterministic:
         raise ValueError("msda_backward: softmax=True takes the float-atomic backward only, "

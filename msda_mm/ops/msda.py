@@ -217,7 +217,7 @@ class _EagerMSDA(torch.autograd.Function):
     time per forward on a dev CPU against 17 us for an autograd.Function,
     and on the H200 (torch 2.11) host time per decoder forward + backward
     went from 824 to 774 us with this path.  The backward's Python runs
-    about 3x slower on autograd's device thread than on the calling thread,
+    about 2x slower on autograd's device thread than on the calling thread,
     so the forward makes the backward's launch plan (launch.plan_backward)
     and the backward only allocates and launches (docs/design.md).
     torch.compile sees only the custom ops.
