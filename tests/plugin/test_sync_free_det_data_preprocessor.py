@@ -39,7 +39,8 @@ def leaves(data):
         return [(f"{i}.{p}", v) for i, x in enumerate(data) for p, v in leaves(x)]
     if isinstance(data, BaseDataElement):
         name = type(data).__name__
-        return [(f"{name}.meta", repr(dict(data.metainfo_items())))] + [
+        # Sorted: the keys' order is the order they were set in, which no reader uses.
+        return [(f"{name}.meta", repr(sorted(data.metainfo_items())))] + [
             (f"{name}.{p}", v) for p, v in leaves(dict(data.items()))]
     return [("", data)]
 
