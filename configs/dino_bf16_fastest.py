@@ -5,3 +5,6 @@
 _base_ = './dino_bf16_compiled_losses.py'
 
 model = dict(type='SyncFreeDINO', data_preprocessor=dict(type='SyncFreeDetDataPreprocessor'))
+# The loader pins the images in its own thread; the preprocessor then copies
+# them without a wait and without packing their bytes once more.
+train_dataloader = dict(pin_memory=True)

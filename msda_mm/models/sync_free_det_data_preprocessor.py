@@ -6,8 +6,10 @@ labels by a blocking copy of its own, and ``ImgDataPreprocessor`` swaps the
 channels (``bgr_to_rgb``) with a Python-list index, copied to the device per
 image: 4 waits per image, 32 a step for DINO at batch 8.  Here every host
 tensor ``cast_data`` would move goes in one pinned, non-blocking copy
-(``one_copy.to_device``) and the channels are swapped by a slice and a flip:
-the same tensors on the device (dtype, values, box type), contiguous.
+(``one_copy.to_device``), but for tensors pinned already (the images from a
+DataLoader with ``pin_memory=True``), each copied as it is without a wait;
+the channels are swapped by a slice and a flip: the same tensors on the
+device (dtype, values, box type), contiguous.
 """
 from __future__ import annotations
 
@@ -40,6 +42,11 @@ def _plan_tensor(t: Tensor, device: torch.device, host: List[Tensor]) -> Build:
         return _constant(t)
     if t.device.type != "cpu":
         return lambda moved: t.to(device)
+    if t.is_pinned():
+        # Pinned already (a DataLoader with pin_memory=True, in its own thread): copied as it
+        # is, no wait; packing it would copy its bytes on the host once more (images at batch
+        # 8, 800 x 1333: 25.6 MB).
+        return lambda moved: t.to(device, non_blocking=True)
     host.append(t)
     return lambda moved: next(moved)
 

@@ -91,6 +91,23 @@ def test_every_host_tensor_is_moved_and_rebuilt_as_cast_data_moves_it():
                for t in moved)
 
 
+def test_pinned_images_are_copied_as_they_are(monkeypatch):
+    # Images pinned by a DataLoader (pin_memory=True) are not packed: each is
+    # copied without a wait by itself (pinning needs CUDA: is_pinned stood in).
+    data = batch()
+    images = data["inputs"]
+    monkeypatch.setattr(torch.Tensor, "is_pinned", lambda t: any(t is x for x in images))
+    copies = []
+    to = torch.Tensor.to
+    monkeypatch.setattr(torch.Tensor, "to", lambda t, *a, **k: copies.append(k) or to(t, *a, **k))
+    host = []
+    build = _plan(data, torch.device("meta"), host)
+    assert len(host) == 3 * 3 and not any(t is x for t in host for x in images)
+    moved = build(iter(host))["inputs"]
+    assert copies == [dict(non_blocking=True)] * 3
+    assert all(m.device.type == "meta" and m.shape == x.shape for m, x in zip(moved, images))
+
+
 @pytest.mark.parametrize("bgr_to_rgb", [True, False])
 @pytest.mark.parametrize("training", [True, False])
 def test_outputs_are_det_data_preprocessors(bgr_to_rgb, training):
