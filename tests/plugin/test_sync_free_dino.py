@@ -114,13 +114,15 @@ def test_denoising_queries_are_mmdets(group_cfg, num_items):
         assert torch.equal(ours_t, theirs_t), name
 
 
-def test_sync_free_config_swaps_only_the_detector_and_the_preprocessor():
+def test_sync_free_config_swaps_only_the_detector_preprocessor_and_loader_pinning():
     ours = Config.fromfile(str(CONFIGS / "dino_bf16_sync_free.py")).to_dict()
     base = Config.fromfile(str(CONFIGS / "dino_bf16_fast_host_compiled.py")).to_dict()
     assert ours["model"].pop("type") == "SyncFreeDINO"
     assert base["model"].pop("type") == "DINO"
     assert ours["model"]["data_preprocessor"].pop("type") == "SyncFreeDetDataPreprocessor"
     assert base["model"]["data_preprocessor"].pop("type") == "DetDataPreprocessor"
+    assert ours["train_dataloader"].pop("pin_memory") is True
+    assert "pin_memory" not in base["train_dataloader"]
     assert ours == base
 
 
