@@ -68,11 +68,17 @@ class FastLaunch:
     def __getitem__(self, grid):
         return lambda *args, **kwargs: self._launch(grid, args, kwargs)
 
-    def full_args(self, args: tuple, kwargs: dict) -> tuple:
+    def constexpr_names(self, args: tuple) -> tuple:
+        """The parameters after the positional ``args``: the constexprs."""
+        return tuple(self.fn.arg_names[len(args):])
+
+    def full_args(self, args: tuple, kwargs: dict, names: tuple | None = None) -> tuple:
         """Every parameter's value in the kernel's order, constexprs
         included, as JITFunction.run hands them to the compiled kernel;
-        options (num_warps, launch_pdl) are no parameters."""
-        return (*args, *(kwargs[name] for name in self.fn.arg_names[len(args):]))
+        options (num_warps, launch_pdl) are no parameters.  ``names``: the
+        constexpr_names of ``args``, where already known."""
+        names = self.constexpr_names(args) if names is None else names
+        return (*args, *[kwargs[name] for name in names])
 
     def _launch(self, grid, args: tuple, kwargs: dict) -> None:
         key = specialisation_key(args, kwargs, self.pointers)
@@ -82,10 +88,10 @@ class FastLaunch:
             if isinstance(kernel, _COMPILED):
                 if len(self._kernels) >= self.MAX_KERNELS:
                     self._kernels.clear()
-                # The constexprs' names after the positional arguments, fixed per key.
-                self._kernels[key] = (kernel, tuple(self.fn.arg_names[len(args):]))
+                # The constexprs' names are fixed per key: kept, not sliced each launch.
+                self._kernels[key] = (kernel, self.constexpr_names(args))
             return
         kernel, names = kept
         # JITFunction.run pads the grid to three dimensions; the compiled
         # kernel's runner reads grid[0], grid[1] and grid[2].
-        kernel[(*grid, 1, 1)[:3]](*args, *[kwargs[name] for name in names])
+        kernel[(*grid, 1, 1)[:3]](*self.full_args(args, kwargs, names))

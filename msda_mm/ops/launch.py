@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+from typing import NamedTuple
 
 import torch
 import triton.language as tl
@@ -340,8 +341,19 @@ def _deterministic_grad_value(go, value, spatial_shapes, level_start_index, samp
     return grad_value
 
 
+class BackwardPlan(NamedTuple):
+    """plan_backward's launch constants of msda_bwd_kernel."""
+    grid: tuple
+    meta: dict  # tile, L, K, ACC, SOFTMAX
+    accum: torch.dtype | None  # grad_value's atomics dtype; None: deterministic
+    g_dtype: torch.dtype  # the weights' gradient as the kernel stores it
+    strides: tuple  # value's, the locations' and the weights'
+    sizes: tuple  # Q, S, D
+    heads: int  # M
+
+
 def plan_backward(value, sampling_locations, attention_weights, fp32_grad_accum: bool,
-                  deterministic: bool = False, softmax: bool = False) -> tuple:
+                  deterministic: bool = False, softmax: bool = False) -> BackwardPlan:
     """What msda_backward's launches take from the forward's inputs alone:
     the tile, grid, accumulator dtypes and those inputs' strides.  Made on
     the forward's thread, it takes that Python off autograd's device thread,
@@ -364,11 +376,12 @@ def plan_backward(value, sampling_locations, attention_weights, fp32_grad_accum:
                else attention_weights.dtype)
     accum = None if deterministic else (torch.float32 if fp32_grad_accum else value.dtype)
     strides = (*value.stride(), *sampling_locations.stride(), *attention_weights.stride())
-    return (_grid(value, Q, tile["BLOCK_Q"]), dict(tile, L=L, K=K, ACC=acc, SOFTMAX=softmax),
-            accum, g_dtype, strides, (Q, S, D), M)
+    return BackwardPlan(_grid(value, Q, tile["BLOCK_Q"]),
+                        dict(tile, L=L, K=K, ACC=acc, SOFTMAX=softmax), accum, g_dtype,
+                        strides, (Q, S, D), M)
 
 
-def run_backward(plan: tuple, grad_output, value, spatial_shapes, level_start_index,
+def run_backward(plan: BackwardPlan, grad_output, value, spatial_shapes, level_start_index,
                  sampling_locations, attention_weights):
     """msda_backward with its plan_backward made before."""
     grid, meta, accum, g_dtype, strides, sizes, M = plan

@@ -51,14 +51,14 @@ def level_starts_on_device(spatial_shapes: torch.Tensor) -> torch.Tensor:
     Not while a CUDA graph is captured (the graph must own what it reads),
     nor for inference tensors (which have no version counter)."""
     global _last
-    capturing = spatial_shapes.is_inference() or (
+    uncached = spatial_shapes.is_inference() or (
         spatial_shapes.is_cuda and torch.cuda.is_current_stream_capturing())
     shapes, version, stream, starts = _last
-    if (not capturing and shapes is spatial_shapes and version == spatial_shapes._version
+    if (not uncached and shapes is spatial_shapes and version == spatial_shapes._version
             and stream == _stream(spatial_shapes)):
         return starts
     starts = _launch(spatial_shapes)
-    if not capturing:
+    if not uncached:
         _last = (spatial_shapes, spatial_shapes._version, _stream(spatial_shapes), starts)
     return starts
 

@@ -231,8 +231,7 @@ class _EagerMSDA(torch.autograd.Function):
         out = _forward_impl(value, spatial_shapes, level_start_index, sampling_locations,
                             attention_weights, softmax)
         # Planned for the float-atomic backward only; the backward checks the mode again.
-        atomic = not (deterministic or (deterministic is None
-                                        and torch.are_deterministic_algorithms_enabled()))
+        atomic = not resolve_deterministic(deterministic)
         ctx.plan = launch.plan_backward(
             value, sampling_locations, attention_weights,
             resolve_fp32_grad_accum(value, fp32_grad_accum), softmax=softmax
