@@ -56,22 +56,13 @@ from mmdet.structures.bbox import bbox_cxcywh_to_xyxy, bbox_xyxy_to_cxcywh
 from mmdet.utils import InstanceList, reduce_mean
 
 from .losses import bbox_overlaps, sync_free_twin
+from .one_copy import to_device
 
 # Match costs whose entry for a (query, GT) pair is computed from that pair's
 # own inputs by elementwise operations (BBoxL1Cost once its inputs are
 # normalised per image, see _batch_cost), so that one call on the whole batch
 # gives every image's entries, the same numbers as a call per image.
 _BATCHABLE_COSTS = (FocalLossCost, ClassificationCost, IoUCost, BBoxL1Cost)
-
-
-def _to_device(host: Tensor, device: torch.device) -> Tensor:
-    """``host`` (a CPU tensor) on ``device``.  A copy from pageable memory
-    makes CUDA wait for the stream; from pinned memory with
-    ``non_blocking=True`` it is queued behind the work already there (the
-    caching host allocator keeps the pinned block until the copy is done)."""
-    if device.type == "cuda":
-        return host.pin_memory().to(device, non_blocking=True)
-    return host.to(device)
 
 
 def _normaliser(value: float, dtype: torch.dtype, device: torch.device) -> Tensor:
@@ -91,7 +82,8 @@ def _image_factors(batch_img_metas: List[dict], dtype: torch.dtype,
     sizes), sent to ``device`` in one copy that does not wait."""
     host = torch.tensor([[m["img_shape"][1], m["img_shape"][0]] * 2 for m in batch_img_metas],
                         dtype=dtype)
-    return _to_device(host, device)
+    (factors,) = to_device([host], device)
+    return factors
 
 
 def _iou_cost(cost: IoUCost, boxes: Tensor, gt_boxes: Tensor) -> Tensor:
@@ -172,7 +164,7 @@ def _all_losses(losses: Tuple[nn.Module, nn.Module, nn.Module], cls_scores: Tens
 @MODELS.register_module()
 class BatchedMatchingDINOHead(DINOHead):
     """``DINOHead`` whose ``get_targets`` (the Hungarian-matched part: decoder
-    layers and encoder proposals) waits on the device 2 times per call
+    layers and encoder proposals) waits on the device once per call
     instead of 5 or more times per image, whose ``get_dn_targets`` does not
     wait, and whose losses wait 4 + B times fewer per output.  Same
     arguments, targets and losses as ``DINOHead``; ``train_cfg.assigner``
@@ -335,7 +327,7 @@ class BatchedMatchingDINOHead(DINOHead):
             cls_avg_factor = _normaliser(cls_avg_factor, cls_scores.dtype, cls_scores.device)
         cls_avg_factor = max(cls_avg_factor, 1)
         if isinstance(cls_avg_factor, Tensor) and cls_avg_factor.device != cls_scores.device:
-            cls_avg_factor = _to_device(cls_avg_factor, cls_scores.device)
+            (cls_avg_factor,) = to_device([cls_avg_factor], cls_scores.device)
         # The boxes are regressed normalised by the image size; the IoU loss
         # compares them in pixels (factors in the predictions' dtype).
         factors = _image_factors(batch_img_metas, bbox_preds.dtype, bbox_preds.device)
@@ -357,7 +349,8 @@ class BatchedMatchingDINOHead(DINOHead):
 
     def _compiled_losses(self) -> Callable:
         """``_all_losses`` compiled at first use: dynamic shapes (the number
-        of denoising queries changes with the batch's GT boxes), one graph."""
+        of denoising queries changes with the batch's GT boxes), no graph
+        break (fullgraph), one graph per output layout and dtypes."""
         if self._compiled is None:
             self._compiled = torch.compile(_all_losses, dynamic=True, fullgraph=True)
         return self._compiled
@@ -408,7 +401,8 @@ class BatchedMatchingDINOHead(DINOHead):
         num_total_pos = positives.shape[1]
         if num_total_pos:
             factors = _image_factors(batch_img_metas, gt_bboxes.dtype, device)
-            query, gt, img = _to_device(torch.from_numpy(positives), device)
+            (indices,) = to_device([torch.from_numpy(positives)], device)
+            query, gt, img = indices
             labels[query] = gt_labels[gt]
             bbox_weights.index_fill_(0, query, 1.0)  # no scalar copy: see get_targets
             bbox_targets[query] = bbox_xyxy_to_cxcywh(gt_bboxes[gt] / factors[img])
@@ -466,7 +460,8 @@ class BatchedMatchingDINOHead(DINOHead):
         bbox_targets = gt_bboxes.new_zeros(total, 4)
         bbox_weights = gt_bboxes.new_zeros(total, 4)
         if num_total_pos:
-            query, gt, img = _to_device(torch.from_numpy(positives), gt_bboxes.device)
+            (indices,) = to_device([torch.from_numpy(positives)], gt_bboxes.device)
+            query, gt, img = indices
             labels[query] = gt_instances.labels[gt]
             # index_fill_, not `[query] = 1.0`: a Python scalar would be
             # copied to the device (a wait) first.
