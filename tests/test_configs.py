@@ -172,3 +172,31 @@ def test_checkpoints_are_saved_and_checked_by_the_verified_hook(name):
 def test_the_demo_checkpoints_every_epoch_and_keeps_a_few():
     checkpoint = _load("synthetic/dino_tiny_cpu.py").default_hooks.checkpoint
     assert checkpoint.interval == 1 and 2 <= checkpoint.max_keep_ckpts <= 5
+
+
+def _changes(base: dict, ours: dict) -> dict:
+    """What ``ours`` sets that ``base`` does not have or has otherwise,
+    nested dicts compared key by key."""
+    return {k: (_changes(base[k], v) if isinstance(v, dict) and isinstance(base.get(k), dict)
+                else v) for k, v in ours.items() if base.get(k) != v}
+
+
+# The synthetic configs with the fastest recipe and the configs they build on.
+SYNTHETIC_FASTEST = {
+    "synthetic/dino_r50_synthetic_fastest.py": "synthetic/dino_r50_synthetic_bf16.py",
+    "synthetic/dino_tiny_fastest.py": "synthetic/dino_tiny_cpu.py"}
+
+
+@pytest.mark.parametrize("name", sorted(SYNTHETIC_FASTEST))
+def test_synthetic_fastest_configs_change_what_the_fastest_recipe_changes(name):
+    # The fastest recipe is what dino_bf16_fastest.py changes against dino_bf16.py; the
+    # synthetic twins change the same keys of their own bases (besides their hooks).
+    recipe = _changes(_load("dino_bf16.py").to_dict(), _load("dino_bf16_fastest.py").to_dict())
+    changes = _changes(_load(SYNTHETIC_FASTEST[name]).to_dict(), _load(name).to_dict())
+    hooks = {h["type"] for h in changes.pop("custom_hooks", [])}
+    assert {h["type"] for h in recipe.pop("custom_hooks")} <= hooks
+    recipe_model, model = recipe.pop("model"), changes.pop("model")
+    assert model == recipe_model
+    optim = changes.pop("optim_wrapper")
+    assert optim.items() >= recipe.pop("optim_wrapper").items()
+    assert changes.items() >= recipe.items()

@@ -148,14 +148,28 @@ def _box_losses(loss_bbox: nn.Module, loss_iou: nn.Module, bbox_preds: Tensor,
 _LOSS_GRAPHS = 64
 
 
+def _as_ratio(value):
+    """A float normaliser as integers (p, q), value == p / q exactly (q a
+    power of two); tensors as they are.  Dynamo keeps ints symbolic, where
+    torch 2.11's specialised a float argument: a graph per GT count, 78
+    recompiles in 10 steps of DINO at batch 8 on the H200."""
+    return value.as_integer_ratio() if isinstance(value, float) else value
+
+
+def _from_ratio(value):
+    """``_as_ratio``'s float back (the same double) inside the graph."""
+    return value[0] / value[1] if isinstance(value, tuple) else value
+
+
 def _all_losses(losses: Tuple[nn.Module, nn.Module, nn.Module], cls_scores: Tensor,
                 bbox_preds: Tensor, labels_list: List[Tensor], label_weights_list: List[Tensor],
                 bbox_targets_list: List[Tensor], bbox_weights_list: List[Tensor],
-                factors: Tensor, cls_avg_factor, num_total_pos: float) -> Tuple[Tensor, ...]:
-    """(loss_cls, loss_bbox, loss_iou) from the host-built normalisers, by the
-    sync-free ``losses`` (classification, L1, IoU): what compile_losses
-    compiles."""
+                factors: Tensor, cls_avg_factor, num_total_pos) -> Tuple[Tensor, ...]:
+    """(loss_cls, loss_bbox, loss_iou) from the host-built normalisers (a
+    tensor, or a float as ``_as_ratio``'s integers), by the sync-free
+    ``losses`` (classification, L1, IoU): what compile_losses compiles."""
     loss_cls, loss_bbox, loss_iou = losses
+    cls_avg_factor, num_total_pos = _from_ratio(cls_avg_factor), _from_ratio(num_total_pos)
     return (_cls_loss(loss_cls, cls_scores, labels_list, label_weights_list, cls_avg_factor),
             *_box_losses(loss_bbox, loss_iou, bbox_preds, bbox_targets_list, bbox_weights_list,
                          factors, num_total_pos))
@@ -340,7 +354,8 @@ class BatchedMatchingDINOHead(DINOHead):
                 return self._compiled_losses()(
                     self._sync_free_losses, cls_scores, bbox_preds, labels_list,
                     label_weights_list, bbox_targets_list, bbox_weights_list, factors,
-                    cls_avg_factor, _num_total_pos(num_total_pos, cls_dtype, cls_scores.device))
+                    _as_ratio(cls_avg_factor),
+                    _as_ratio(_num_total_pos(num_total_pos, cls_dtype, cls_scores.device)))
         loss_cls = _cls_loss(self.loss_cls, cls_scores, labels_list, label_weights_list,
                              cls_avg_factor)
         return (loss_cls, *_box_losses(
