@@ -17,7 +17,9 @@ from mmcv.ops import MultiScaleDeformableAttention
 from mmdet.registry import MODELS
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
-ALL = sorted(p.relative_to(CONFIGS).as_posix() for p in CONFIGS.rglob("*.py"))
+# Every config a user runs; "_" files are fragments other configs take pieces from.
+ALL = sorted(p.relative_to(CONFIGS).as_posix() for p in CONFIGS.rglob("*.py")
+             if not p.name.startswith("_"))
 BF16 = [c for c in ALL if c.endswith("_bf16.py")]
 MMCV_CUDA = [c for c in ALL if "mmcv_cuda" in c]
 STOCK_DINO = "dino/dino-4scale_r50_8xb2-12e_coco.py"

@@ -3,22 +3,13 @@
 # batched matching head with its losses compiled and sync-free, SyncFreeDINO
 # and its preprocessor, pinned batches, the transformer layers compiled.  Its
 # step is all host time (a few thousand small kernels), which the recipe cuts.
-_base_ = './dino_tiny_cpu.py'
+_base_ = ['./dino_tiny_cpu.py', './_fastest_recipe.py']
 
-model = dict(
-    type='SyncFreeDINO',
-    data_preprocessor=dict(type='SyncFreeDetDataPreprocessor'),
-    bbox_head=dict(
-        type='BatchedMatchingDINOHead',
-        compile_losses=True,
-        loss_cls=dict(type='SyncFreeFocalLoss'),
-        loss_bbox=dict(type='SyncFreeL1Loss'),
-        loss_iou=dict(type='SyncFreeGIoULoss')))
-optim_wrapper = dict(type='AmpOptimWrapper', dtype='bfloat16', optimizer=dict(fused=True),
-                     constructor='MergedGroupsOptimWrapperConstructor')
+model = {{_base_.fastest_model}}
+optim_wrapper = {{_base_.fastest_optim_wrapper}}
 train_dataloader = dict(pin_memory=True)
 custom_hooks = [
     dict(type='SyncBuffersHook'),
     dict(type='NumThreadsHook', num_threads=1),
-    dict(type='CompileSubmodulesHook', modules=['encoder.layers', 'decoder.layers']),
+    {{_base_.compile_layers_hook}},
 ]
