@@ -35,13 +35,12 @@ from msda_mm.ops import launch
 from msda_mm.ops.msda import resolve_fp32_grad_accum
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
-KERNELS = ("fwd", "fwd_pairs", "bwd", "bound", "bucket_count", "bucket_fill", "gather")
+KERNELS = ("fwd", "fwd_pairs", "bwd", "bound", "bucket_fill", "gather")
 # The deterministic backward's grad_value kernels (bound_kernel.py, bucket_kernels.py).
 DET_KERNELS = KERNELS[3:]
 # Each KERNELS name's attribute in launch.py.
 _LAUNCH_NAMES = {"fwd": "msda_fwd_kernel", "fwd_pairs": "msda_fwd_pairs_kernel",
                  "bwd": "msda_bwd_kernel", "bound": "grad_value_bound_kernel",
-                 "bucket_count": "bucket_count_kernel",
                  "bucket_fill": "bucket_fill_kernel", "gather": "grad_value_gather_kernel"}
 
 # The mmdet default call (Deformable DETR decoder on a COCO image, D = 32,

@@ -1,14 +1,15 @@
 """The deterministic backward's grad_value: samples sorted into buckets by
 cell, then gathered per value row, summed in int64 fixed point in registers.
 
-A live sample (b, q, m, l, k) (kernels._cell) has its top-left bilinear
+A live sample (b, q, m, l, k) (cells._cell) has its top-left bilinear
 corner (y0, x0) in [-1, H_l-1] x [-1, W_l-1]: its cell on level l's
 extended grid of (H_l+1) x (W_l+1).  Its bucket is
 (b*M + m) * CELLS + ext_start_l + (y0+1) * (W_l+1) + (x0+1), ext_start_l the
 extended grids of the levels before l; dead samples go in no bucket.  A
-counting sort, all on the device: bucket_count_kernel ranks each sample in
-its bucket with an atomic increment, an exclusive cumsum of the counts
-gives each bucket's first entry, bucket_fill_kernel writes each sample's
+counting sort, all on the device: msda_bwd_kernel ranks each sample in its
+bucket with an atomic increment (cells._rank_samples) while it computes the
+location and weight gradients, an exclusive cumsum of the counts gives each
+bucket's first entry, bucket_fill_kernel writes each sample's
 record (its query and four bilinear corner weights) to its entry.  The
 order inside a bucket varies run to run; the integer sums of
 grad_value_gather_kernel do not depend on it.
@@ -21,10 +22,10 @@ contiguous, so grad_value_gather_kernel reads two ranges a row.
 import triton
 import triton.language as tl
 
+from .cells import _ext_start, _sample_bucket, _sample_slot
 from .fixed_point import _fixed_point_exponent, _fixed_point_terms, _fixed_to_float
 from .kernels import (
     _bilinear_weights,
-    _cell,
     _chunk_points,
     _head_base,
     _point_ptrs,
@@ -35,70 +36,22 @@ from .kernels import (
 
 
 @triton.jit
-def _ext_start(l, shapes_ptr, L: tl.constexpr):
-    """Where level l's extended grid starts among a head's cells: the sum of
-    (H_j+1) * (W_j+1) over the levels j < l (int64, l's shape)."""
-    start = tl.zeros(l.shape, dtype=tl.int64)
-    for j in tl.static_range(L - 1):
-        h = tl.load(shapes_ptr + 2 * j).to(tl.int64)
-        w = tl.load(shapes_ptr + 2 * j + 1).to(tl.int64)
-        start += tl.where(j < l, (h + 1) * (w + 1), 0)
-    return start
-
-
-@triton.jit
-def _sample_slots(p0, b, m, q, qmask, Q, L: tl.constexpr, K: tl.constexpr,
-                  BLOCK_P: tl.constexpr):
-    """Chunk p0's points of this program's queries: l, k, the in-bounds mask
-    ([BLOCK_Q, BLOCK_P]) and each sample's slot in the per-sample
-    (B, M, Q * L*K) arrays (int64)."""
-    l, k, pmask = _chunk_points(p0, L, K, BLOCK_P)
-    inside = qmask[:, None] & pmask[None, :]
-    sample = q.to(tl.int64)[:, None] * (L * K) + (p0 + tl.arange(0, BLOCK_P))[None, :]
-    head = b.to(tl.int64) * tl.num_programs(1) + m
-    return l, k, inside, head * Q * (L * K) + sample
-
-
-@triton.jit
 def _sample_buckets(p0, b, m, q, qmask, Q, CELLS, shapes_ptr, loc_ptr,
                     stride_lb, stride_lq, stride_lm, stride_ll, stride_lk, stride_lc,
                     L: tl.constexpr, K: tl.constexpr, BLOCK_P: tl.constexpr, ACC: tl.constexpr):
-    """Chunk p0's samples ([BLOCK_Q, BLOCK_P]): live (in a bucket), bucket
-    (int64), slot (_sample_slots), bilinear fractions lx, ly, l and k.  A
-    cell outside [0, CELLS) (shapes that do not tile value) is no bucket."""
-    l, k, inside, slot = _sample_slots(p0, b, m, q, qmask, Q, L, K, BLOCK_P)
+    """Chunk p0's samples ([BLOCK_Q, BLOCK_P]) as msda_bwd_kernel ranked
+    them: live, bucket (cells._sample_bucket), slot (cells._sample_slot),
+    bilinear fractions lx, ly, l and k."""
+    l, k, pmask = _chunk_points(p0, L, K, BLOCK_P)
+    inside = qmask[:, None] & pmask[None, :]
     H = tl.load(shapes_ptr + 2 * l).to(tl.int32)[None, :]
     W = tl.load(shapes_ptr + 2 * l + 1).to(tl.int32)[None, :]
     lp = _point_ptrs(loc_ptr, b, q, m, l, k, stride_lb, stride_lq, stride_lm, stride_ll,
                      stride_lk)
     x = tl.load(lp, mask=inside, other=0.0).to(ACC)
     y = tl.load(lp + stride_lc, mask=inside, other=0.0).to(ACC)
-    live, x0, y0, lx, ly = _cell(x, y, H, W, inside)
-    cell = (_ext_start(l, shapes_ptr, L)[None, :] + (y0 + 1).to(tl.int64) * (W + 1)
-            + (x0 + 1))
-    live &= (cell >= 0) & (cell < CELLS)
-    bucket = (b.to(tl.int64) * tl.num_programs(1) + m) * CELLS + cell
-    return live, bucket, slot, lx, ly, l, k
-
-
-@triton.jit
-def bucket_count_kernel(
-    shapes_ptr, loc_ptr, ranks_ptr, counts_ptr, Q, CELLS,
-    stride_lb, stride_lq, stride_lm, stride_ll, stride_lk, stride_lc,
-    L: tl.constexpr, K: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_P: tl.constexpr,
-    ACC: tl.constexpr,
-):
-    """Per live sample (_sample_buckets): its rank among its bucket's
-    samples, an atomic increment of counts[1 + bucket], into ranks
-    (B * M * Q * L*K,); counts (B * M * CELLS + 1,) zero-filled, of ranks'
-    dtype.  Grid: (cdiv(Q, BLOCK_Q), M, B)."""
-    b, m, q, qmask = _program_queries(Q, BLOCK_Q)
-    for p0 in range(0, L * K, BLOCK_P):
-        live, bucket, slot, _, _, _, _ = _sample_buckets(
-            p0, b, m, q, qmask, Q, CELLS, shapes_ptr, loc_ptr, stride_lb, stride_lq, stride_lm,
-            stride_ll, stride_lk, stride_lc, L, K, BLOCK_P, ACC)
-        rank = tl.atomic_add(counts_ptr + 1 + bucket, 1, mask=live, sem="relaxed")
-        tl.store(ranks_ptr + slot, rank, mask=live)
+    live, bucket, lx, ly = _sample_bucket(x, y, l, H, W, inside, b, m, CELLS, shapes_ptr, L)
+    return live, bucket, _sample_slot(p0, b, m, q, Q, L, K, BLOCK_P), lx, ly, l, k
 
 
 @triton.jit
@@ -110,7 +63,7 @@ def bucket_fill_kernel(
     ACC: tl.constexpr,
 ):
     """Each live sample's record at its entry offsets[bucket] + rank (ranks
-    from bucket_count_kernel, offsets the exclusive cumsum of the counts),
+    from msda_bwd_kernel, offsets the exclusive cumsum of the counts),
     structure of arrays: queries[entry] its query, corners[c * N + entry]
     its corner c's weight (00, 01, 10, 11: _bilinear_weights, in ACC, so each
     gathered term is bitwise msda_bwd_kernel's), N the samples' count.

@@ -6,7 +6,6 @@ the gather kernel's tile."""
 import numpy as np
 import pytest
 import torch
-import triton.language as tl
 
 from msda_mm.ops import launch
 
@@ -95,14 +94,30 @@ def _lexsort(keys, corners):
     return torch.from_numpy(np.lexsort([*corners.double().numpy()[::-1], keys.numpy()]))
 
 
-def test_bucket_counts_are_the_histogram_of_the_cells():
+def _sorted_samples(monkeypatch, args):
+    """The deterministic backward's counting sort of args' samples: cells
+    a head and bucket_records' (offsets, queries, corners), kept as the
+    backward makes them (msda_bwd_kernel's ranks, then the fill)."""
+    kept = []
+
+    def keep(*a):
+        kept.append((a[4].cells, *bucket_records(*a)))
+        return kept[-1][1:]
+
+    bucket_records = launch.bucket_records
+    monkeypatch.setattr(launch, "bucket_records", keep)
+    run_op(args, deterministic=True)
+    assert len(kept) == 1
+    return kept[0]
+
+
+def test_bucket_counts_are_the_histogram_of_the_cells(monkeypatch):
     args = _inputs(torch.float32, seed=4, Q=9)
     value, loc, attn = args["value"], args["sampling_locations"], args["attention_weights"]
     B, S, M, _ = value.shape
     _, Q, _, L, K, _ = loc.shape
     loc[0, 0, 0, 0, 0] = float("nan")  # never live: in no bucket
-    cells, offsets, queries, corners = launch.bucket_samples(value, args["spatial_shapes"], loc,
-                                                             attn, tl.float32)
+    cells, offsets, queries, corners = _sorted_samples(monkeypatch, args)
     # Each live sample's (bucket, query) as one key and its corner weights, from PyTorch.
     keys, weights, start = [], [], 0
     head = torch.arange(B)[:, None, None, None] * M + torch.arange(M)[None, None, :, None]
