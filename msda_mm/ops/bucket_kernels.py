@@ -25,7 +25,7 @@ import triton.language as tl
 from .cells import _ext_start, _sample_bucket, _sample_slot
 from .fixed_point import _fixed_point_exponent, _fixed_point_terms, _fixed_to_float
 from .kernels import (
-    _bilinear_weights,
+    _bilinear_weight,
     _chunk_points,
     _head_base,
     _point_ptrs,
@@ -55,19 +55,47 @@ def _sample_buckets(p0, b, m, q, qmask, Q, CELLS, shapes_ptr, loc_ptr,
 
 
 @triton.jit
+def _record_words(q, w, lx, ly, BITS: tl.constexpr):
+    """A [BLOCK_Q, BLOCK_P] tile's records as [BLOCK_Q, BLOCK_P, 4] words of
+    BITS (int32 for fp32 w, lx, ly, int64 for fp64): query, and the bits of
+    w, lx and ly.  Joined, not selected: the four words are one thread's, so
+    that each record is one vector store (STG.E.128 for int32 words)."""
+    query = tl.broadcast_to(q[:, None], w.shape).to(BITS)
+    words = tl.join(tl.join(query, lx.to(BITS, bitcast=True)),
+                    tl.join(w.to(BITS, bitcast=True), ly.to(BITS, bitcast=True)))
+    return tl.reshape(words, [w.shape[0], w.shape[1], 4])
+
+
+@triton.jit
+def _record_fields(words, ACC: tl.constexpr):
+    """_record_words' inverse: query (int64), w, lx, ly (ACC)."""
+    ql, wy = tl.split(tl.reshape(words, [words.shape[0], words.shape[1], 2, 2]))
+    q, lx = tl.split(ql)
+    w, ly = tl.split(wy)
+    return (q.to(tl.int64), w.to(ACC, bitcast=True), lx.to(ACC, bitcast=True),
+            ly.to(ACC, bitcast=True))
+
+
+@triton.jit
+def _record_ptrs(records_ptr, entry):
+    """[..., 4] pointers to the records of entries ``entry``: (N, 4) words."""
+    return records_ptr + entry[:, :, None] * 4 + tl.arange(0, 4)[None, None, :]
+
+
+@triton.jit
 def bucket_fill_kernel(
-    shapes_ptr, loc_ptr, attn_ptr, ranks_ptr, offsets_ptr, queries_ptr, corners_ptr, Q, CELLS,
-    N, stride_lb, stride_lq, stride_lm, stride_ll, stride_lk, stride_lc,
+    shapes_ptr, loc_ptr, attn_ptr, ranks_ptr, offsets_ptr, records_ptr, Q, CELLS,
+    stride_lb, stride_lq, stride_lm, stride_ll, stride_lk, stride_lc,
     stride_ab, stride_aq, stride_am, stride_al, stride_ak,
     L: tl.constexpr, K: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_P: tl.constexpr,
     ACC: tl.constexpr,
 ):
     """Each live sample's record at its entry offsets[bucket] + rank (ranks
-    from msda_bwd_kernel, offsets the exclusive cumsum of the counts),
-    structure of arrays: queries[entry] its query, corners[c * N + entry]
-    its corner c's weight (00, 01, 10, 11: _bilinear_weights, in ACC, so each
-    gathered term is bitwise msda_bwd_kernel's), N the samples' count.
-    Grid: (cdiv(Q, BLOCK_Q), M, B)."""
+    from msda_bwd_kernel, offsets the exclusive cumsum of the counts), one
+    vector store of records (N, 4) (_record_words): its query, attention
+    weight w and bilinear fractions lx, ly, in ACC, from which the gather
+    recomputes each corner weight bitwise as msda_bwd_kernel does
+    (kernels._bilinear_weight).  Grid: (cdiv(Q, BLOCK_Q), M, B)."""
     b, m, q, qmask = _program_queries(Q, BLOCK_Q)
     for p0 in range(0, L * K, BLOCK_P):
         live, bucket, slot, lx, ly, l, k = _sample_buckets(
@@ -77,13 +105,9 @@ def bucket_fill_kernel(
                                 stride_al, stride_ak), mask=live, other=0.0).to(ACC)
         rank = tl.load(ranks_ptr + slot, mask=live, other=0)
         entry = (tl.load(offsets_ptr + bucket, mask=live, other=0) + rank).to(tl.int64)
-        query = tl.broadcast_to(q[:, None], entry.shape).to(queries_ptr.dtype.element_ty)
-        tl.store(queries_ptr + entry, query, mask=live)
-        c00, c01, c10, c11 = _bilinear_weights(w, lx, ly)
-        tl.store(corners_ptr + entry, c00, mask=live)
-        tl.store(corners_ptr + N + entry, c01, mask=live)
-        tl.store(corners_ptr + 2 * N + entry, c10, mask=live)
-        tl.store(corners_ptr + 3 * N + entry, c11, mask=live)
+        tl.store(_record_ptrs(records_ptr, entry),
+                 _record_words(q, w, lx, ly, records_ptr.dtype.element_ty),
+                 mask=live[:, :, None])
 
 
 @triton.jit
@@ -99,8 +123,8 @@ def _row_levels(s, shapes_ptr, starts_ptr, L: tl.constexpr):
 
 @triton.jit
 def grad_value_gather_kernel(
-    grad_out_ptr, shapes_ptr, starts_ptr, bound_ptr, offsets_ptr, queries_ptr, corners_ptr,
-    grad_value_ptr, S, CELLS, N, D: tl.constexpr,
+    grad_out_ptr, shapes_ptr, starts_ptr, bound_ptr, offsets_ptr, records_ptr, grad_value_ptr,
+    S, CELLS, D: tl.constexpr,
     stride_gob, stride_goq, stride_gom, stride_god,
     stride_gvb, stride_gvs, stride_gvm,
     L: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_E: tl.constexpr,
@@ -109,8 +133,9 @@ def grad_value_gather_kernel(
     """grad_value (B, S, M, D), unit channel stride, every row written: for
     each of BLOCK_S value rows, the fixed-point terms of the samples in the
     four cells it is a corner of, BLOCK_E entries at a time: per entry its
-    query and the one corner weight of the row's role (bucket_fill_kernel's
-    records, contiguous in bucket order) times the query's grad_output row
+    query and the one corner weight of the row's role (from
+    bucket_fill_kernel's records, contiguous in bucket order) times the
+    query's grad_output row
     (_fixed_point_terms), summed in int64 registers and converted once
     (_fixed_to_float).  bound_ptr (B, M) float64 (see
     _fixed_point_exponent): a head without a fixed point is NaN, its
@@ -144,9 +169,10 @@ def grad_value_gather_kernel(
             j = j0 + tl.arange(0, BLOCK_E)[None, :]
             live = j < n[:, None]
             pos = (lo[:, None] + j).to(tl.int64)
-            q = tl.load(queries_ptr + pos, mask=live, other=0).to(tl.int64)
-            corner = tl.where(pos < mid[:, None], 3 - 2 * dy, 2 - 2 * dy).to(tl.int64)
-            c = tl.load(corners_ptr + corner * N + pos, mask=live, other=0.0)
+            q, w, lx, ly = _record_fields(
+                tl.load(_record_ptrs(records_ptr, pos), mask=live[:, :, None], other=0), ACC)
+            # The row is the right corner of the left cell's samples.
+            c = _bilinear_weight(w, lx, ly, dy == 0, pos < mid[:, None])
             go = tl.load(go_base + q[:, :, None] * stride_goq
                          + (offs_d * stride_god)[None, None, :],
                          mask=live[:, :, None] & dm, other=0.0).to(ACC)

@@ -156,6 +156,14 @@ def _bilinear_weights(w, lx, ly):
 
 
 @triton.jit
+def _bilinear_weight(w, lx, ly, bottom: tl.constexpr, right):
+    """The one of _bilinear_weights' four of corner (bottom, right) (right a
+    mask), by the same fp operations: bitwise the same weight."""
+    fy = ly if bottom else 1.0 - ly
+    return w * fy * tl.where(right, lx, 1.0 - lx)
+
+
+@triton.jit
 def _corner_weights(w, lx, ly):
     """_bilinear_weights as [BLOCK_Q, BLOCK_P, 1] tiles."""
     c00, c01, c10, c11 = _bilinear_weights(w, lx, ly)

@@ -311,15 +311,13 @@ def sort_buffers(value, sampling_locations) -> SortBuffers:
 def bucket_records(value, spatial_shapes, sampling_locations, attention_weights,
                    sort: SortBuffers, acc_dtype):
     """The samples counting-sorted by cell from msda_bwd_kernel's ranks:
-    (offsets, queries, corners), where bucket i holds entries
-    offsets[i]:offsets[i + 1] in an order that varies run to run; entry j's
-    query is queries[j] and its corner weights (00, 01, 10, 11) corners[:, j]
-    (acc_dtype)."""
+    (offsets, records), where bucket i holds entries offsets[i]:offsets[i + 1]
+    in an order that varies run to run; entry j's record records[j] (4 words:
+    int32 for fp32 acc_dtype, int64 for fp64) holds its query and the bits of
+    its attention weight and bilinear fractions lx, ly (acc_dtype)."""
     _, Q, _, L, K, _ = sampling_locations.shape
-    samples = sort.ranks.numel()
-    queries = torch.empty_like(sort.ranks)
-    corners = torch.empty(4, samples, device=value.device,
-                          dtype=torch.float64 if acc_dtype is tl.float64 else torch.float32)
+    words = torch.int64 if acc_dtype is tl.float64 else torch.int32
+    records = torch.empty(sort.ranks.numel(), 4, device=value.device, dtype=words)
     block_p = min(_next_pow2(L * K), _SORT["SAMPLES"])
     fill = dict(BLOCK_Q=_SORT["SAMPLES"] // block_p, BLOCK_P=block_p, ACC=acc_dtype,
                 num_warps=_SORT["num_warps"])
@@ -328,10 +326,10 @@ def bucket_records(value, spatial_shapes, sampling_locations, attention_weights,
         # Exclusive starts: counts[0] stays 0, bucket i's count was at i + 1.
         offsets.cumsum_(0)
         bucket_fill_kernel[_grid(value, Q, fill["BLOCK_Q"])](
-            spatial_shapes, sampling_locations, attention_weights, sort.ranks, offsets, queries,
-            corners, Q, sort.cells, samples, *sampling_locations.stride(),
-            *attention_weights.stride(), L=L, K=K, **fill)
-    return offsets, queries, corners
+            spatial_shapes, sampling_locations, attention_weights, sort.ranks, offsets, records,
+            Q, sort.cells, *sampling_locations.stride(), *attention_weights.stride(),
+            L=L, K=K, **fill)
+    return offsets, records
 
 
 def _deterministic_grad_value(go, value, spatial_shapes, level_start_index, sampling_locations,
@@ -342,15 +340,15 @@ def _deterministic_grad_value(go, value, spatial_shapes, level_start_index, samp
     B, S, M, D = value.shape
     _, Q, _, L, K, _ = sampling_locations.shape
     bound = grad_value_bound(go, attention_weights)
-    offsets, queries, corners = bucket_records(value, spatial_shapes, sampling_locations,
-                                               attention_weights, sort, acc_dtype)
+    offsets, records = bucket_records(value, spatial_shapes, sampling_locations,
+                                      attention_weights, sort, acc_dtype)
     grad_value = torch.empty(value.shape, device=value.device, dtype=value.dtype)
     # A bucket holds at most a head's Q * L * K samples: BLOCK_E needs no more.
     tile = _tile("gather", value, Q * L * K, B * S * M)
     with _device_guard(value):
         grad_value_gather_kernel[_grid(value, S, tile["BLOCK_Q"])](
-            go, spatial_shapes, level_start_index, bound, offsets, queries, corners, grad_value,
-            S, sort.cells, queries.numel(), D, *go.stride(), *grad_value.stride()[:3],
+            go, spatial_shapes, level_start_index, bound, offsets, records, grad_value,
+            S, sort.cells, D, *go.stride(), *grad_value.stride()[:3],
             L=L, BLOCK_S=tile["BLOCK_Q"], BLOCK_E=tile["BLOCK_P"],
             BLOCK_D=tile["BLOCK_D"], ACC=acc_dtype, num_warps=tile["num_warps"])
     return grad_value

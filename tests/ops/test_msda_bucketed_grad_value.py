@@ -89,15 +89,15 @@ def test_samples_on_the_borders(dtype):
     assert got.count_nonzero() > 0
 
 
-def _lexsort(keys, corners):
-    """The order that sorts by key, then by the four corner weights."""
-    return torch.from_numpy(np.lexsort([*corners.double().numpy()[::-1], keys.numpy()]))
+def _lexsort(keys, fields):
+    """The order that sorts by key, then by the fields (rows of ``fields``)."""
+    return torch.from_numpy(np.lexsort([*fields.double().numpy()[::-1], keys.numpy()]))
 
 
 def _sorted_samples(monkeypatch, args):
     """The deterministic backward's counting sort of args' samples: cells
-    a head and bucket_records' (offsets, queries, corners), kept as the
-    backward makes them (msda_bwd_kernel's ranks, then the fill)."""
+    a head and bucket_records' (offsets, records), kept as the backward
+    makes them (msda_bwd_kernel's ranks, then the fill)."""
     kept = []
 
     def keep(*a):
@@ -117,8 +117,10 @@ def test_bucket_counts_are_the_histogram_of_the_cells(monkeypatch):
     B, S, M, _ = value.shape
     _, Q, _, L, K, _ = loc.shape
     loc[0, 0, 0, 0, 0] = float("nan")  # never live: in no bucket
-    cells, offsets, queries, corners = _sorted_samples(monkeypatch, args)
-    # Each live sample's (bucket, query) as one key and its corner weights, from PyTorch.
+    cells, offsets, records = _sorted_samples(monkeypatch, args)
+    assert records.dtype == torch.int32 and records.shape == (B * Q * M * L * K, 4)
+    queries, fields = records[:, 0], records[:, 1:].view(torch.float32).T  # w, lx, ly
+    # Each live sample's (bucket, query) as one key and its w, lx, ly, from PyTorch.
     keys, weights, start = [], [], 0
     head = torch.arange(B)[:, None, None, None] * M + torch.arange(M)[None, None, :, None]
     for lvl, (H, W) in enumerate(SHAPES):
@@ -128,20 +130,18 @@ def test_bucket_counts_are_the_histogram_of_the_cells(monkeypatch):
         query = torch.arange(Q)[None, :, None, None].expand_as(cell)
         keys.append(((head * cells + cell) * Q + query)[live])
         lx, ly = x_im - x_im.floor(), y_im - y_im.floor()
-        w = attn[:, :, :, lvl]
-        weights.append(torch.stack([w * (1 - ly) * (1 - lx), w * (1 - ly) * lx,
-                                    w * ly * (1 - lx), w * ly * lx])[:, live])
+        weights.append(torch.stack([attn[:, :, :, lvl], lx, ly])[:, live])
         start += (H + 1) * (W + 1)
     keys, weights = torch.cat(keys), torch.cat(weights, 1)
     hist = torch.bincount(keys // Q, minlength=B * M * cells)
     assert offsets[0] == 0 and torch.equal(offsets.diff().long(), hist)
     # Each bucket holds its own samples' records, in some order: sorted by
-    # (bucket, query, corner weights), both sides match.
+    # (bucket, query, w, lx, ly), both sides match.
     bucket = torch.repeat_interleave(torch.arange(B * M * cells), hist)
     got_keys = bucket * Q + queries[:len(keys)].long()
-    want, got = _lexsort(keys, weights), _lexsort(got_keys, corners[:, :len(keys)])
+    want, got = _lexsort(keys, weights), _lexsort(got_keys, fields[:, :len(keys)])
     assert torch.equal(got_keys[got], keys[want])
-    torch.testing.assert_close(corners[:, got], weights[:, want], rtol=0, atol=0)
+    torch.testing.assert_close(fields[:, got], weights[:, want], rtol=0, atol=0)
 
 
 def test_gather_tiles_leave_grad_value_bitwise_unchanged():
