@@ -1,5 +1,6 @@
 """The deterministic backward's grad_value: samples sorted into buckets by
-cell, then gathered per value row, summed in int64 fixed point in registers.
+cell, then gathered per value row, summed from integer terms in registers
+(int64 fixed point, or for 16-bit values integer-valued fp32: exact_sums.py).
 
 A live sample (b, q, m, l, k) (cells._cell) has its top-left bilinear
 corner (y0, x0) in [-1, H_l-1] x [-1, W_l-1]: its cell on level l's
@@ -23,6 +24,7 @@ import triton
 import triton.language as tl
 
 from .cells import _ext_start, _sample_bucket, _sample_slot
+from .exact_sums import _head_unit, _integer_terms, _integers_to_float, _row_exponent, _row_units
 from .fixed_point import _fixed_point_exponent, _fixed_point_terms, _fixed_to_float
 from .kernels import (
     _bilinear_weight,
@@ -122,26 +124,66 @@ def _row_levels(s, shapes_ptr, starts_ptr, L: tl.constexpr):
 
 
 @triton.jit
+def _cell_pair(dy, lvl, y, x, W, row_ok, head, offsets_ptr, shapes_ptr, CELLS,
+               L: tl.constexpr):
+    """Extended cells (y + dy, x) and (y + dy, x + 1) of each row: the row
+    is their samples' corner 11 or 10 (dy 0), 01 or 00 (dy 1).  Their
+    entries, contiguous: the first lo, the second cell's first mid, n in all."""
+    left = _ext_start(lvl, shapes_ptr, L) + (y + dy).to(tl.int64) * (W + 1) + x
+    valid = row_ok & (left >= 0) & (left + 2 <= CELLS)
+    lo = tl.load(offsets_ptr + head + left, mask=valid, other=0)
+    mid = tl.load(offsets_ptr + head + left + 1, mask=valid, other=0)
+    hi = tl.load(offsets_ptr + head + left + 2, mask=valid, other=0)
+    return lo, mid, tl.where(valid, hi - lo, 0)
+
+
+@triton.jit
+def _entries(records_ptr, lo, mid, n, j0, bottom: tl.constexpr, BLOCK_E: tl.constexpr,
+             ACC: tl.constexpr):
+    """Entries j0 .. j0 + BLOCK_E of each row's cell pair (_cell_pair):
+    live, query (int64) and the corner weight of the row's role
+    ([BLOCK_S, BLOCK_E] each; 0 where not live)."""
+    j = j0 + tl.arange(0, BLOCK_E)[None, :]
+    live = j < n[:, None]
+    pos = (lo[:, None] + j).to(tl.int64)
+    q, w, lx, ly = _record_fields(
+        tl.load(_record_ptrs(records_ptr, pos), mask=live[:, :, None], other=0), ACC)
+    # The row is the right corner of the left cell's samples.
+    return live, q, _bilinear_weight(w, lx, ly, bottom, pos < mid[:, None])
+
+
+@triton.jit
+def _query_max(gq_ptr, b, m, q, live, Q):
+    """max_d |grad_output[b, q, m, :]| of the entries' queries, from the
+    bound kernel's (B, Q, M) fp32 array (grid dim 1 is M)."""
+    return tl.load(gq_ptr + (b.to(tl.int64) * Q + q) * tl.num_programs(1) + m, mask=live,
+                   other=0.0)
+
+
+@triton.jit
 def grad_value_gather_kernel(
-    grad_out_ptr, shapes_ptr, starts_ptr, bound_ptr, offsets_ptr, records_ptr, grad_value_ptr,
-    S, CELLS, D: tl.constexpr,
+    grad_out_ptr, shapes_ptr, starts_ptr, bound_ptr, gq_ptr, offsets_ptr, records_ptr,
+    grad_value_ptr, Q, Q_LOG2, S, CELLS, D: tl.constexpr,
     stride_gob, stride_goq, stride_gom, stride_god,
     stride_gvb, stride_gvs, stride_gvm,
     L: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_E: tl.constexpr,
     BLOCK_D: tl.constexpr, ACC: tl.constexpr,
 ):
     """grad_value (B, S, M, D), unit channel stride, every row written: for
-    each of BLOCK_S value rows, the fixed-point terms of the samples in the
-    four cells it is a corner of, BLOCK_E entries at a time: per entry its
-    query and the one corner weight of the row's role (from
-    bucket_fill_kernel's records, contiguous in bucket order) times the
-    query's grad_output row
+    each of BLOCK_S value rows, the terms of the samples in the four cells
+    it is a corner of, BLOCK_E entries at a time: per entry its query and
+    the one corner weight of the row's role (from bucket_fill_kernel's
+    records, contiguous in bucket order) times the query's grad_output row.
+
+    gq_ptr None (fp32 and fp64 values): the terms in int64 fixed point
     (_fixed_point_terms), summed in int64 registers and converted once
-    (_fixed_to_float).  bound_ptr (B, M) float64 (see
-    _fixed_point_exponent): a head without a fixed point is NaN, its
-    buckets unread.  Grid: (cdiv(S, BLOCK_S), M, B); program 0 takes the
-    last rows, the coarsest level's, whose buckets are the fullest, so
-    that the longest programs start first."""
+    (_fixed_to_float).  gq_ptr the queries' max_d |grad_output| (B, Q, M)
+    fp32 (16-bit values), Q_LOG2 = floor(log2 Q): a first pass over the entries gives each row its
+    exponent, the second sums integer-valued fp32 terms (exact_sums.py).
+    bound_ptr (B, M) float64 (see _fixed_point_exponent): a head without a
+    fixed point is NaN, its buckets unread.  Grid: (cdiv(S, BLOCK_S), M, B);
+    program 0 takes the last rows, the coarsest level's, whose buckets are
+    the fullest, so that the longest programs start first."""
     b, m, r, rmask, offs_d, dmask = _program_tile(S, D, BLOCK_S, BLOCK_D)
     s = S - 1 - r
     lvl, H, W, start = _row_levels(s, shapes_ptr, starts_ptr, L)
@@ -155,29 +197,37 @@ def grad_value_gather_kernel(
     head = (b.to(tl.int64) * tl.num_programs(1) + m) * CELLS
     go_base = _head_base(grad_out_ptr, b, m, stride_gob, stride_gom)
     dm = dmask[None, None, :]
-    acc = tl.zeros([BLOCK_S, BLOCK_D], dtype=tl.int64)
+    if gq_ptr is not None:
+        p = _head_unit(tl.load(_head_base(bound_ptr, b, m, tl.num_programs(1), 1)), Q_LOG2)
+        units = tl.zeros([BLOCK_S], dtype=tl.int64)
+        for dy in tl.static_range(2):
+            lo, mid, n = _cell_pair(dy, lvl, y, x, W, row_ok, head, offsets_ptr, shapes_ptr,
+                                    CELLS, L)
+            for j0 in range(0, tl.max(n, axis=0), BLOCK_E):
+                live, q, c = _entries(records_ptr, lo, mid, n, j0, dy == 0, BLOCK_E, ACC)
+                units += tl.sum(_row_units(c, _query_max(gq_ptr, b, m, q, live, Q), p), axis=1)
+        e = _row_exponent(units, p)
+        acc = tl.zeros([BLOCK_S, BLOCK_D], dtype=tl.float32)
+    else:
+        acc = tl.zeros([BLOCK_S, BLOCK_D], dtype=tl.int64)
     for dy in tl.static_range(2):
-        # Extended cells (y + dy, x) and (y + dy, x + 1): the row is their
-        # samples' corner 11 or 10 (dy 0), 01 or 00 (dy 1).
-        left = _ext_start(lvl, shapes_ptr, L) + (y + dy).to(tl.int64) * (W + 1) + x
-        valid = row_ok & (left >= 0) & (left + 2 <= CELLS)
-        lo = tl.load(offsets_ptr + head + left, mask=valid, other=0)
-        mid = tl.load(offsets_ptr + head + left + 1, mask=valid, other=0)
-        hi = tl.load(offsets_ptr + head + left + 2, mask=valid, other=0)
-        n = tl.where(valid, hi - lo, 0)
+        lo, mid, n = _cell_pair(dy, lvl, y, x, W, row_ok, head, offsets_ptr, shapes_ptr,
+                                CELLS, L)
         for j0 in range(0, tl.max(n, axis=0), BLOCK_E):
-            j = j0 + tl.arange(0, BLOCK_E)[None, :]
-            live = j < n[:, None]
-            pos = (lo[:, None] + j).to(tl.int64)
-            q, w, lx, ly = _record_fields(
-                tl.load(_record_ptrs(records_ptr, pos), mask=live[:, :, None], other=0), ACC)
-            # The row is the right corner of the left cell's samples.
-            c = _bilinear_weight(w, lx, ly, dy == 0, pos < mid[:, None])
+            live, q, c = _entries(records_ptr, lo, mid, n, j0, dy == 0, BLOCK_E, ACC)
             go = tl.load(go_base + q[:, :, None] * stride_goq
                          + (offs_d * stride_god)[None, None, :],
                          mask=live[:, :, None] & dm, other=0.0).to(ACC)
-            acc += tl.sum(_fixed_point_terms(c[:, :, None], go, e, ACC), axis=1)
+            if gq_ptr is not None:
+                acc += tl.sum(_integer_terms(c, _query_max(gq_ptr, b, m, q, live, Q), go, e),
+                              axis=1)
+            else:
+                acc += tl.sum(_fixed_point_terms(c[:, :, None], go, e, ACC), axis=1)
+    ty: tl.constexpr = grad_value_ptr.dtype.element_ty
+    if gq_ptr is not None:
+        out = _integers_to_float(acc, e, ok, ty)
+    else:
+        out = _fixed_to_float(acc, e, ok, ty, ACC)
     gv_base = _head_base(grad_value_ptr, b, m, stride_gvb, stride_gvm)
-    tl.store(_row_ptrs(gv_base, s, stride_gvs, offs_d, 1),
-             _fixed_to_float(acc, e, ok, grad_value_ptr.dtype.element_ty, ACC),
+    tl.store(_row_ptrs(gv_base, s, stride_gvs, offs_d, 1), out,
              mask=rmask[:, None] & dmask[None, :])

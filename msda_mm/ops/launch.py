@@ -99,6 +99,11 @@ def _tile(kernel: str, value: torch.Tensor, points: int, rows: int,
     # D = 256 and 236 with fp32 accumulation (research/compile_check.py).
     tuned = block_q * block_p * 32
     block_q = max(1, tuned // (block_p * block_d))
+    if kernel == "gather" and value.element_size() == 2:
+        # Its two passes keep 7 values a row in every thread (all of a warp's threads share
+        # the rows): past D = 32 the rows shrink with D once more (sm_80 spilled 1 register
+        # at D = 64 with 16 rows; research/compile_check.py).
+        block_q = max(1, block_q * 32 // max(block_d, 32))
     num_warps = min(8, max(num_warps, num_warps * block_q * block_p * block_d // (2 * tuned)))
     return dict(BLOCK_Q=block_q, BLOCK_P=block_p, BLOCK_D=block_d, num_warps=num_warps)
 
@@ -247,7 +252,8 @@ def fill_zeros(t: torch.Tensor) -> bool:
 _BOUND = dict(ELEMENTS=2048, num_warps=4)
 
 
-def grad_value_bound(go: torch.Tensor, attention_weights: torch.Tensor) -> torch.Tensor:
+def grad_value_bound(go: torch.Tensor, attention_weights: torch.Tensor,
+                     query_max: torch.Tensor | None = None) -> torch.Tensor:
     """(B, M) float64: a bound on |every partial sum| of grad_value[b, :, m, :]
     for grad_output ``go`` (B, Q, M, D), computed on the device (no sync) by
     bound_kernel.py.
@@ -259,7 +265,8 @@ def grad_value_bound(go: torch.Tensor, attention_weights: torch.Tensor) -> torch
     over the queries (looser by the largest query's bound over the mean one,
     about 2x for random grad_output), so that the bound, and with it the fixed
     point, is the same whatever the queries' order.  inf or NaN in go or the
-    weights make it inf or NaN."""
+    weights make it inf or NaN.  ``query_max``, a (B, Q, M) fp32 tensor for
+    16-bit ``go``: also each query's max_d |go[b, q, m, d]|."""
     B, Q, M, D = go.shape
     _, _, _, L, K = attention_weights.shape
     bound = torch.zeros(B, M, device=go.device, dtype=torch.float64)
@@ -269,7 +276,7 @@ def grad_value_bound(go: torch.Tensor, attention_weights: torch.Tensor) -> torch
             for t in (go, attention_weights)]
     with _device_guard(go):
         grad_value_bound_kernel[_grid(go, Q, block_q)](
-            go, attention_weights, bound.view(torch.int64), Q, D, *go.stride(),
+            go, attention_weights, bound.view(torch.int64), query_max, Q, D, *go.stride(),
             *attention_weights.stride(), L=L, K=K, BLOCK_Q=block_q,
             BLOCK_P=min(_next_pow2(L * K), _BOUND["ELEMENTS"] // block_q), BLOCK_D=block_d,
             MAX_TY=wide[0], SUM_TY=wide[1], num_warps=_BOUND["num_warps"])
@@ -334,12 +341,16 @@ def bucket_records(value, spatial_shapes, sampling_locations, attention_weights,
 
 def _deterministic_grad_value(go, value, spatial_shapes, level_start_index, sampling_locations,
                               attention_weights, sort: SortBuffers, acc_dtype) -> torch.Tensor:
-    """grad_value in value's dtype, summed in int64 fixed point: the samples
-    bucketed by cell (msda_bwd_kernel ranked them into ``sort``), then
-    gathered per value row (bucket_kernels.py)."""
+    """grad_value in value's dtype, without atomics: the samples bucketed by
+    cell (msda_bwd_kernel ranked them into ``sort``), then gathered per value
+    row (bucket_kernels.py) and summed in int64 fixed point, or for 16-bit
+    values (fp32 arithmetic) in fp32 from integer-valued terms (exact_sums.py)."""
     B, S, M, D = value.shape
     _, Q, _, L, K, _ = sampling_locations.shape
-    bound = grad_value_bound(go, attention_weights)
+    query_max = None
+    if value.element_size() == 2 and acc_dtype is tl.float32:
+        query_max = torch.empty(B, Q, M, device=value.device, dtype=torch.float32)
+    bound = grad_value_bound(go, attention_weights, query_max)
     offsets, records = bucket_records(value, spatial_shapes, sampling_locations,
                                       attention_weights, sort, acc_dtype)
     grad_value = torch.empty(value.shape, device=value.device, dtype=value.dtype)
@@ -347,8 +358,9 @@ def _deterministic_grad_value(go, value, spatial_shapes, level_start_index, samp
     tile = _tile("gather", value, Q * L * K, B * S * M)
     with _device_guard(value):
         grad_value_gather_kernel[_grid(value, S, tile["BLOCK_Q"])](
-            go, spatial_shapes, level_start_index, bound, offsets, records, grad_value,
-            S, sort.cells, D, *go.stride(), *grad_value.stride()[:3],
+            go, spatial_shapes, level_start_index, bound, query_max, offsets, records,
+            grad_value, Q, Q.bit_length() - 1, S, sort.cells, D, *go.stride(),
+            *grad_value.stride()[:3],
             L=L, BLOCK_S=tile["BLOCK_Q"], BLOCK_E=tile["BLOCK_P"],
             BLOCK_D=tile["BLOCK_D"], ACC=acc_dtype, num_warps=tile["num_warps"])
     return grad_value

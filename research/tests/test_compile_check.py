@@ -107,11 +107,12 @@ def test_deterministic_backward_adds_no_grad_value(all_rows):
 def test_deterministic_grad_value_kernels_add_in_registers(tmp_path):
     # The bucketed gather: one native 64-bit atomic max a program on the
     # bound's bits (no CAS loop), none in the fill and the gather, which
-    # sums its terms in registers; no spills at D = 32.
+    # sums its terms in registers; no spills at D = 32 and 64.
     kernels = ("bound", "bucket_fill", "gather")
     rows = _compile_check(tmp_path / "rows.json", "--archs", "80", "90", "--head-dims", "32",
-                          kernels=kernels, dtypes=("bf16", "fp32"))
-    assert {(r["kernel"], r["arch"]) for r in rows} == {(k, a) for k in kernels for a in (80, 90)}
+                          "64", kernels=kernels, dtypes=("bf16", "fp32"))
+    assert {(r["kernel"], r["arch"], r["head_dim"]) for r in rows} == {
+        (k, a, d) for k in kernels for a in (80, 90) for d in (32, 64)}
     for row in rows:
         assert row["error"] is None and not row["cas_loop"], row
         assert row["spill_stores"] == 0 and row["spill_loads"] == 0, row

@@ -147,7 +147,7 @@ def _bwd_spy(monkeypatch):
 
 
 def _gather_spy(monkeypatch):
-    spy = _KernelSpy(launch.grad_value_gather_kernel, 6)  # grad_value_ptr
+    spy = _KernelSpy(launch.grad_value_gather_kernel, 7)  # grad_value_ptr
     monkeypatch.setattr(launch, "grad_value_gather_kernel", spy)
     return spy
 
