@@ -144,9 +144,12 @@ def test_bucket_counts_are_the_histogram_of_the_cells(monkeypatch):
     torch.testing.assert_close(fields[:, got], weights[:, want], rtol=0, atol=0)
 
 
-def test_gather_tiles_leave_grad_value_bitwise_unchanged():
-    args = _inputs(torch.float32, seed=5, lo=0.3, hi=0.7)
-    g = torch.randn(2, 6, 8, generator=torch.Generator().manual_seed(5))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_gather_tiles_leave_grad_value_bitwise_unchanged(dtype):
+    # Other rows a program, entries a step and sum trees (16-bit: fp32 sums
+    # of integers, int64 units).
+    args = _inputs(dtype, seed=5, lo=0.3, hi=0.7)
+    g = torch.randn(2, 6, 8, generator=torch.Generator().manual_seed(5)).to(dtype)
     first = _grad_value(args, g)
     for tile in [(1, 1, 1), (1, 1, 2), (2, 1, 4), (4, 2, 2), (8, 1, 16), (32, 4, 8)]:
         with launch.tile_override(gather=tile):
