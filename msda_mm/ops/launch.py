@@ -100,9 +100,9 @@ def _tile(kernel: str, value: torch.Tensor, points: int, rows: int,
     tuned = block_q * block_p * 32
     block_q = max(1, tuned // (block_p * block_d))
     if kernel == "gather" and value.element_size() == 2:
-        # Its two passes keep 7 values a row in every thread (all of a warp's threads share
-        # the rows): past D = 32 the rows shrink with D once more (sm_80 spilled 1 register
-        # at D = 64 with 16 rows; research/compile_check.py).
+        # Its two passes keep each row's cell ranges, units and exponent in every thread (a
+        # warp's threads share the rows): past D = 32 the rows shrink with D once more (sm_80
+        # spilled 1 register at D = 64 with 16 rows; research/compile_check.py).
         block_q = max(1, block_q * 32 // max(block_d, 32))
     num_warps = min(8, max(num_warps, num_warps * block_q * block_p * block_d // (2 * tuned)))
     return dict(BLOCK_Q=block_q, BLOCK_P=block_p, BLOCK_D=block_d, num_warps=num_warps)
@@ -309,7 +309,7 @@ def sort_buffers(value, sampling_locations) -> SortBuffers:
     _, Q, _, L, K, _ = sampling_locations.shape
     cells = _cells(S, L)
     samples = B * M * Q * L * K
-    # One index dtype for ranks, offsets and queries: int32 where all fit.
+    # One index dtype for counts (then offsets) and ranks: int32 where all fit.
     index = torch.int32 if max(samples, B * M * cells + 1) < 2**31 else torch.int64
     return SortBuffers(cells, torch.zeros(B * M * cells + 1, device=value.device, dtype=index),
                        torch.empty(samples, device=value.device, dtype=index))

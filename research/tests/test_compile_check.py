@@ -120,6 +120,8 @@ def test_deterministic_grad_value_kernels_add_in_registers(tmp_path):
             assert row["ptx_atomics"] == {"atom.global.gpu.relaxed.max.s64": 1}, row
         else:
             assert not row["ptx_atomics"] and not row["sass_atomics"], row
+        if row["kernel"] == "bucket_fill":  # each sample's record: one 16-byte store
+            assert row["sass_stores"] == {"STG.E.128": 1}, row
 
 
 def test_wide_heads_do_not_spill(tmp_path):
