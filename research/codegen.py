@@ -35,13 +35,12 @@ from msda_mm.ops import launch
 from msda_mm.ops.msda import resolve_fp32_grad_accum
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
-KERNELS = ("fwd", "fwd_pairs", "bwd", "bound", "bucket_count", "bucket_fill", "gather")
+KERNELS = ("fwd", "fwd_pairs", "bwd", "bound", "bucket_fill", "gather")
 # The deterministic backward's grad_value kernels (bound_kernel.py, bucket_kernels.py).
 DET_KERNELS = KERNELS[3:]
 # Each KERNELS name's attribute in launch.py.
 _LAUNCH_NAMES = {"fwd": "msda_fwd_kernel", "fwd_pairs": "msda_fwd_pairs_kernel",
                  "bwd": "msda_bwd_kernel", "bound": "grad_value_bound_kernel",
-                 "bucket_count": "bucket_count_kernel",
                  "bucket_fill": "bucket_fill_kernel", "gather": "grad_value_gather_kernel"}
 
 # The mmdet default call (Deformable DETR decoder on a COCO image, D = 32,
@@ -61,6 +60,7 @@ _PTX_EXP = re.compile(_PTX_OP.format(r"ex2"), re.M)
 # REDG? followed by a dot leaves out REDUX (a warp reduction, not an atomic).
 _SASS_ATOMIC = re.compile(r"\b((?:ATOM[GS]?|REDG?)\.[\w.]+)")
 _SASS_LOAD = re.compile(r"\b(LDG\.[\w.]+)")
+_SASS_STORE = re.compile(r"\b(STG\.[\w.]+)")
 # The kernels keep no arrays in local memory, so any STL/LDL is a spill.
 _SASS_SPILL = re.compile(r"\b(STL|LDL)\b")
 _SASS_REGS = re.compile(r"\bREG:(\d+)")
@@ -209,7 +209,8 @@ def _count(pattern: re.Pattern, text: str) -> dict:
 
 
 def analyse(ptx: str, sass: str) -> dict:
-    """Atomics, global loads, registers and spills of one compiled kernel.
+    """Atomics, global loads and stores, registers and spills of one compiled
+    kernel.
 
     The kernels never compare-and-swap on their own, so a CAS is an atomic
     add the hardware lacks, lowered to a load / CAS retry loop."""
@@ -219,6 +220,7 @@ def analyse(ptx: str, sass: str) -> dict:
         ptx_atomics=atomics[0], sass_atomics=atomics[1],
         cas_loop=any(".cas" in op.lower() for ops in atomics for op in ops),
         ptx_loads=_count(_PTX_LOAD, ptx), sass_loads=_count(_SASS_LOAD, sass),
+        sass_stores=_count(_SASS_STORE, sass),
         regs=int(_SASS_REGS.search(sass).group(1)),
         pdl_waits=sum(op == "griddepcontrol.wait" for op in _PTX_PDL_WAIT.findall(ptx)),
         exps=len(_PTX_EXP.findall(ptx)),

@@ -13,7 +13,7 @@ from .kernels import _chunk_points, _head_base, _point_ptrs, _program_tile, _row
 
 @triton.jit
 def grad_value_bound_kernel(
-    grad_out_ptr, attn_ptr, bound_ptr, Q, D: tl.constexpr,
+    grad_out_ptr, attn_ptr, bound_ptr, gq_ptr, Q, D: tl.constexpr,
     stride_gob, stride_goq, stride_gom, stride_god,
     stride_ab, stride_aq, stride_am, stride_al, stride_ak,
     L: tl.constexpr, K: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_P: tl.constexpr,
@@ -23,7 +23,9 @@ def grad_value_bound_kernel(
     Q * max_q (max_d |go[b, q, m, d]| * sum_{l,k} |w[b, q, m, l, k]|).
     The max over d in MAX_TY (exact for go's dtype), the sum in SUM_TY (fp32
     at least: 16-bit sums could overflow), their product in float64 (exact
-    for fp32 factors).  Grid: (cdiv(Q, BLOCK_Q), M, B)."""
+    for fp32 factors).  gq_ptr, unless None: each query's max_d |go| into a
+    (B, Q, M) array of MAX_TY (the 16-bit gather's per-query scale).
+    Grid: (cdiv(Q, BLOCK_Q), M, B)."""
     b, m, q, qmask, offs_d, dmask = _program_tile(Q, D, BLOCK_Q, BLOCK_D)
     go = tl.load(_row_ptrs(_head_base(grad_out_ptr, b, m, stride_gob, stride_gom), q,
                            stride_goq, offs_d, stride_god),
@@ -31,6 +33,8 @@ def grad_value_bound_kernel(
     # A max of the bits, not of the floats: tl.max drops NaN.
     BITS: tl.constexpr = tl.int64 if MAX_TY == tl.float64 else tl.int32
     go_max = tl.max(tl.abs(go).to(BITS, bitcast=True), axis=1).to(MAX_TY, bitcast=True)
+    if gq_ptr is not None:
+        tl.store(gq_ptr + (b.to(tl.int64) * Q + q) * tl.num_programs(1) + m, go_max, mask=qmask)
     w_sum = tl.zeros([BLOCK_Q], dtype=SUM_TY)
     for p0 in range(0, L * K, BLOCK_P):
         lvl, k, pmask = _chunk_points(p0, L, K, BLOCK_P)

@@ -1,14 +1,16 @@
 """The deterministic backward's grad_value: samples sorted into buckets by
-cell, then gathered per value row, summed in int64 fixed point in registers.
+cell, then gathered per value row, summed from integer terms in registers
+(int64 fixed point, or for 16-bit values integer-valued fp32: exact_sums.py).
 
-A live sample (b, q, m, l, k) (kernels._cell) has its top-left bilinear
+A live sample (b, q, m, l, k) (cells._cell) has its top-left bilinear
 corner (y0, x0) in [-1, H_l-1] x [-1, W_l-1]: its cell on level l's
 extended grid of (H_l+1) x (W_l+1).  Its bucket is
 (b*M + m) * CELLS + ext_start_l + (y0+1) * (W_l+1) + (x0+1), ext_start_l the
 extended grids of the levels before l; dead samples go in no bucket.  A
-counting sort, all on the device: bucket_count_kernel ranks each sample in
-its bucket with an atomic increment, an exclusive cumsum of the counts
-gives each bucket's first entry, bucket_fill_kernel writes each sample's
+counting sort, all on the device: msda_bwd_kernel ranks each sample in its
+bucket with an atomic increment (cells._rank_samples) while it computes the
+location and weight gradients, an exclusive cumsum of the counts gives each
+bucket's first entry, bucket_fill_kernel writes each sample's
 record (its query and four bilinear corner weights) to its entry.  The
 order inside a bucket varies run to run; the integer sums of
 grad_value_gather_kernel do not depend on it.
@@ -21,10 +23,11 @@ contiguous, so grad_value_gather_kernel reads two ranges a row.
 import triton
 import triton.language as tl
 
+from .cells import _ext_start, _sample_bucket, _sample_slot
+from .exact_sums import _head_unit, _integer_terms, _integers_to_float, _row_exponent, _row_units
 from .fixed_point import _fixed_point_exponent, _fixed_point_terms, _fixed_to_float
 from .kernels import (
-    _bilinear_weights,
-    _cell,
+    _bilinear_weight,
     _chunk_points,
     _head_base,
     _point_ptrs,
@@ -35,86 +38,66 @@ from .kernels import (
 
 
 @triton.jit
-def _ext_start(l, shapes_ptr, L: tl.constexpr):
-    """Where level l's extended grid starts among a head's cells: the sum of
-    (H_j+1) * (W_j+1) over the levels j < l (int64, l's shape)."""
-    start = tl.zeros(l.shape, dtype=tl.int64)
-    for j in tl.static_range(L - 1):
-        h = tl.load(shapes_ptr + 2 * j).to(tl.int64)
-        w = tl.load(shapes_ptr + 2 * j + 1).to(tl.int64)
-        start += tl.where(j < l, (h + 1) * (w + 1), 0)
-    return start
-
-
-@triton.jit
-def _sample_slots(p0, b, m, q, qmask, Q, L: tl.constexpr, K: tl.constexpr,
-                  BLOCK_P: tl.constexpr):
-    """Chunk p0's points of this program's queries: l, k, the in-bounds mask
-    ([BLOCK_Q, BLOCK_P]) and each sample's slot in the per-sample
-    (B, M, Q * L*K) arrays (int64)."""
-    l, k, pmask = _chunk_points(p0, L, K, BLOCK_P)
-    inside = qmask[:, None] & pmask[None, :]
-    sample = q.to(tl.int64)[:, None] * (L * K) + (p0 + tl.arange(0, BLOCK_P))[None, :]
-    head = b.to(tl.int64) * tl.num_programs(1) + m
-    return l, k, inside, head * Q * (L * K) + sample
-
-
-@triton.jit
 def _sample_buckets(p0, b, m, q, qmask, Q, CELLS, shapes_ptr, loc_ptr,
                     stride_lb, stride_lq, stride_lm, stride_ll, stride_lk, stride_lc,
                     L: tl.constexpr, K: tl.constexpr, BLOCK_P: tl.constexpr, ACC: tl.constexpr):
-    """Chunk p0's samples ([BLOCK_Q, BLOCK_P]): live (in a bucket), bucket
-    (int64), slot (_sample_slots), bilinear fractions lx, ly, l and k.  A
-    cell outside [0, CELLS) (shapes that do not tile value) is no bucket."""
-    l, k, inside, slot = _sample_slots(p0, b, m, q, qmask, Q, L, K, BLOCK_P)
+    """Chunk p0's samples ([BLOCK_Q, BLOCK_P]) as msda_bwd_kernel ranked
+    them: live, bucket (cells._sample_bucket), slot (cells._sample_slot),
+    bilinear fractions lx, ly, l and k."""
+    l, k, pmask = _chunk_points(p0, L, K, BLOCK_P)
+    inside = qmask[:, None] & pmask[None, :]
     H = tl.load(shapes_ptr + 2 * l).to(tl.int32)[None, :]
     W = tl.load(shapes_ptr + 2 * l + 1).to(tl.int32)[None, :]
     lp = _point_ptrs(loc_ptr, b, q, m, l, k, stride_lb, stride_lq, stride_lm, stride_ll,
                      stride_lk)
     x = tl.load(lp, mask=inside, other=0.0).to(ACC)
     y = tl.load(lp + stride_lc, mask=inside, other=0.0).to(ACC)
-    live, x0, y0, lx, ly = _cell(x, y, H, W, inside)
-    cell = (_ext_start(l, shapes_ptr, L)[None, :] + (y0 + 1).to(tl.int64) * (W + 1)
-            + (x0 + 1))
-    live &= (cell >= 0) & (cell < CELLS)
-    bucket = (b.to(tl.int64) * tl.num_programs(1) + m) * CELLS + cell
-    return live, bucket, slot, lx, ly, l, k
+    live, bucket, lx, ly = _sample_bucket(x, y, l, H, W, inside, b, m, CELLS, shapes_ptr, L)
+    return live, bucket, _sample_slot(p0, b, m, q, Q, L, K, BLOCK_P), lx, ly, l, k
 
 
 @triton.jit
-def bucket_count_kernel(
-    shapes_ptr, loc_ptr, ranks_ptr, counts_ptr, Q, CELLS,
-    stride_lb, stride_lq, stride_lm, stride_ll, stride_lk, stride_lc,
-    L: tl.constexpr, K: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_P: tl.constexpr,
-    ACC: tl.constexpr,
-):
-    """Per live sample (_sample_buckets): its rank among its bucket's
-    samples, an atomic increment of counts[1 + bucket], into ranks
-    (B * M * Q * L*K,); counts (B * M * CELLS + 1,) zero-filled, of ranks'
-    dtype.  Grid: (cdiv(Q, BLOCK_Q), M, B)."""
-    b, m, q, qmask = _program_queries(Q, BLOCK_Q)
-    for p0 in range(0, L * K, BLOCK_P):
-        live, bucket, slot, _, _, _, _ = _sample_buckets(
-            p0, b, m, q, qmask, Q, CELLS, shapes_ptr, loc_ptr, stride_lb, stride_lq, stride_lm,
-            stride_ll, stride_lk, stride_lc, L, K, BLOCK_P, ACC)
-        rank = tl.atomic_add(counts_ptr + 1 + bucket, 1, mask=live, sem="relaxed")
-        tl.store(ranks_ptr + slot, rank, mask=live)
+def _record_words(q, w, lx, ly, BITS: tl.constexpr):
+    """A [BLOCK_Q, BLOCK_P] tile's records as [BLOCK_Q, BLOCK_P, 4] words of
+    BITS (int32 for fp32 w, lx, ly, int64 for fp64): query, and the bits of
+    w, lx and ly.  Joined, not selected: the four words are one thread's, so
+    that each record is one vector store (STG.E.128 for int32 words)."""
+    query = tl.broadcast_to(q[:, None], w.shape).to(BITS)
+    words = tl.join(tl.join(query, lx.to(BITS, bitcast=True)),
+                    tl.join(w.to(BITS, bitcast=True), ly.to(BITS, bitcast=True)))
+    return tl.reshape(words, [w.shape[0], w.shape[1], 4])
+
+
+@triton.jit
+def _record_fields(words, ACC: tl.constexpr):
+    """_record_words' inverse: query (int64), w, lx, ly (ACC)."""
+    ql, wy = tl.split(tl.reshape(words, [words.shape[0], words.shape[1], 2, 2]))
+    q, lx = tl.split(ql)
+    w, ly = tl.split(wy)
+    return (q.to(tl.int64), w.to(ACC, bitcast=True), lx.to(ACC, bitcast=True),
+            ly.to(ACC, bitcast=True))
+
+
+@triton.jit
+def _record_ptrs(records_ptr, entry):
+    """[..., 4] pointers to the records of entries ``entry``: (N, 4) words."""
+    return records_ptr + entry[:, :, None] * 4 + tl.arange(0, 4)[None, None, :]
 
 
 @triton.jit
 def bucket_fill_kernel(
-    shapes_ptr, loc_ptr, attn_ptr, ranks_ptr, offsets_ptr, queries_ptr, corners_ptr, Q, CELLS,
-    N, stride_lb, stride_lq, stride_lm, stride_ll, stride_lk, stride_lc,
+    shapes_ptr, loc_ptr, attn_ptr, ranks_ptr, offsets_ptr, records_ptr, Q, CELLS,
+    stride_lb, stride_lq, stride_lm, stride_ll, stride_lk, stride_lc,
     stride_ab, stride_aq, stride_am, stride_al, stride_ak,
     L: tl.constexpr, K: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_P: tl.constexpr,
     ACC: tl.constexpr,
 ):
     """Each live sample's record at its entry offsets[bucket] + rank (ranks
-    from bucket_count_kernel, offsets the exclusive cumsum of the counts),
-    structure of arrays: queries[entry] its query, corners[c * N + entry]
-    its corner c's weight (00, 01, 10, 11: _bilinear_weights, in ACC, so each
-    gathered term is bitwise msda_bwd_kernel's), N the samples' count.
-    Grid: (cdiv(Q, BLOCK_Q), M, B)."""
+    from msda_bwd_kernel, offsets the exclusive cumsum of the counts), one
+    vector store of records (N, 4) (_record_words): its query, attention
+    weight w and bilinear fractions lx, ly, in ACC, from which the gather
+    recomputes each corner weight bitwise as msda_bwd_kernel does
+    (kernels._bilinear_weight).  Grid: (cdiv(Q, BLOCK_Q), M, B)."""
     b, m, q, qmask = _program_queries(Q, BLOCK_Q)
     for p0 in range(0, L * K, BLOCK_P):
         live, bucket, slot, lx, ly, l, k = _sample_buckets(
@@ -124,13 +107,9 @@ def bucket_fill_kernel(
                                 stride_al, stride_ak), mask=live, other=0.0).to(ACC)
         rank = tl.load(ranks_ptr + slot, mask=live, other=0)
         entry = (tl.load(offsets_ptr + bucket, mask=live, other=0) + rank).to(tl.int64)
-        query = tl.broadcast_to(q[:, None], entry.shape).to(queries_ptr.dtype.element_ty)
-        tl.store(queries_ptr + entry, query, mask=live)
-        c00, c01, c10, c11 = _bilinear_weights(w, lx, ly)
-        tl.store(corners_ptr + entry, c00, mask=live)
-        tl.store(corners_ptr + N + entry, c01, mask=live)
-        tl.store(corners_ptr + 2 * N + entry, c10, mask=live)
-        tl.store(corners_ptr + 3 * N + entry, c11, mask=live)
+        tl.store(_record_ptrs(records_ptr, entry),
+                 _record_words(q, w, lx, ly, records_ptr.dtype.element_ty),
+                 mask=live[:, :, None])
 
 
 @triton.jit
@@ -145,25 +124,66 @@ def _row_levels(s, shapes_ptr, starts_ptr, L: tl.constexpr):
 
 
 @triton.jit
+def _cell_pair(dy, lvl, y, x, W, row_ok, head, offsets_ptr, shapes_ptr, CELLS,
+               L: tl.constexpr):
+    """Extended cells (y + dy, x) and (y + dy, x + 1) of each row: the row
+    is their samples' corner 11 or 10 (dy 0), 01 or 00 (dy 1).  Their
+    entries, contiguous: the first lo, the second cell's first mid, n in all."""
+    left = _ext_start(lvl, shapes_ptr, L) + (y + dy).to(tl.int64) * (W + 1) + x
+    valid = row_ok & (left >= 0) & (left + 2 <= CELLS)
+    lo = tl.load(offsets_ptr + head + left, mask=valid, other=0)
+    mid = tl.load(offsets_ptr + head + left + 1, mask=valid, other=0)
+    hi = tl.load(offsets_ptr + head + left + 2, mask=valid, other=0)
+    return lo, mid, tl.where(valid, hi - lo, 0)
+
+
+@triton.jit
+def _entries(records_ptr, lo, mid, n, j0, bottom: tl.constexpr, BLOCK_E: tl.constexpr,
+             ACC: tl.constexpr):
+    """Entries j0 .. j0 + BLOCK_E of each row's cell pair (_cell_pair):
+    live, query (int64) and the corner weight of the row's role
+    ([BLOCK_S, BLOCK_E] each; 0 where not live)."""
+    j = j0 + tl.arange(0, BLOCK_E)[None, :]
+    live = j < n[:, None]
+    pos = (lo[:, None] + j).to(tl.int64)
+    q, w, lx, ly = _record_fields(
+        tl.load(_record_ptrs(records_ptr, pos), mask=live[:, :, None], other=0), ACC)
+    # The row is the right corner of the left cell's samples.
+    return live, q, _bilinear_weight(w, lx, ly, bottom, pos < mid[:, None])
+
+
+@triton.jit
+def _query_max(gq_ptr, b, m, q, live, Q):
+    """max_d |grad_output[b, q, m, :]| of the entries' queries, from the
+    bound kernel's (B, Q, M) fp32 array (grid dim 1 is M)."""
+    return tl.load(gq_ptr + (b.to(tl.int64) * Q + q) * tl.num_programs(1) + m, mask=live,
+                   other=0.0)
+
+
+@triton.jit
 def grad_value_gather_kernel(
-    grad_out_ptr, shapes_ptr, starts_ptr, bound_ptr, offsets_ptr, queries_ptr, corners_ptr,
-    grad_value_ptr, S, CELLS, N, D: tl.constexpr,
+    grad_out_ptr, shapes_ptr, starts_ptr, bound_ptr, gq_ptr, offsets_ptr, records_ptr,
+    grad_value_ptr, Q, Q_LOG2, S, CELLS, D: tl.constexpr,
     stride_gob, stride_goq, stride_gom, stride_god,
     stride_gvb, stride_gvs, stride_gvm,
     L: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_E: tl.constexpr,
     BLOCK_D: tl.constexpr, ACC: tl.constexpr,
 ):
     """grad_value (B, S, M, D), unit channel stride, every row written: for
-    each of BLOCK_S value rows, the fixed-point terms of the samples in the
-    four cells it is a corner of, BLOCK_E entries at a time: per entry its
-    query and the one corner weight of the row's role (bucket_fill_kernel's
-    records, contiguous in bucket order) times the query's grad_output row
+    each of BLOCK_S value rows, the terms of the samples in the four cells
+    it is a corner of, BLOCK_E entries at a time: per entry its query and
+    the one corner weight of the row's role (from bucket_fill_kernel's
+    records, contiguous in bucket order) times the query's grad_output row.
+
+    gq_ptr None (fp32 and fp64 values): the terms in int64 fixed point
     (_fixed_point_terms), summed in int64 registers and converted once
-    (_fixed_to_float).  bound_ptr (B, M) float64 (see
-    _fixed_point_exponent): a head without a fixed point is NaN, its
-    buckets unread.  Grid: (cdiv(S, BLOCK_S), M, B); program 0 takes the
-    last rows, the coarsest level's, whose buckets are the fullest, so
-    that the longest programs start first."""
+    (_fixed_to_float).  gq_ptr the queries' max_d |grad_output| (B, Q, M)
+    fp32 (16-bit values), Q_LOG2 = floor(log2 Q): a first pass over the entries gives each row its
+    exponent, the second sums integer-valued fp32 terms (exact_sums.py).
+    bound_ptr (B, M) float64 (see _fixed_point_exponent): a head without a
+    fixed point is NaN, its buckets unread.  Grid: (cdiv(S, BLOCK_S), M, B);
+    program 0 takes the last rows, the coarsest level's, whose buckets are
+    the fullest, so that the longest programs start first."""
     b, m, r, rmask, offs_d, dmask = _program_tile(S, D, BLOCK_S, BLOCK_D)
     s = S - 1 - r
     lvl, H, W, start = _row_levels(s, shapes_ptr, starts_ptr, L)
@@ -177,28 +197,37 @@ def grad_value_gather_kernel(
     head = (b.to(tl.int64) * tl.num_programs(1) + m) * CELLS
     go_base = _head_base(grad_out_ptr, b, m, stride_gob, stride_gom)
     dm = dmask[None, None, :]
-    acc = tl.zeros([BLOCK_S, BLOCK_D], dtype=tl.int64)
+    if gq_ptr is not None:
+        p = _head_unit(tl.load(_head_base(bound_ptr, b, m, tl.num_programs(1), 1)), Q_LOG2)
+        units = tl.zeros([BLOCK_S], dtype=tl.int64)
+        for dy in tl.static_range(2):
+            lo, mid, n = _cell_pair(dy, lvl, y, x, W, row_ok, head, offsets_ptr, shapes_ptr,
+                                    CELLS, L)
+            for j0 in range(0, tl.max(n, axis=0), BLOCK_E):
+                live, q, c = _entries(records_ptr, lo, mid, n, j0, dy == 0, BLOCK_E, ACC)
+                units += tl.sum(_row_units(c, _query_max(gq_ptr, b, m, q, live, Q), p), axis=1)
+        e = _row_exponent(units, p)
+        acc = tl.zeros([BLOCK_S, BLOCK_D], dtype=tl.float32)
+    else:
+        acc = tl.zeros([BLOCK_S, BLOCK_D], dtype=tl.int64)
     for dy in tl.static_range(2):
-        # Extended cells (y + dy, x) and (y + dy, x + 1): the row is their
-        # samples' corner 11 or 10 (dy 0), 01 or 00 (dy 1).
-        left = _ext_start(lvl, shapes_ptr, L) + (y + dy).to(tl.int64) * (W + 1) + x
-        valid = row_ok & (left >= 0) & (left + 2 <= CELLS)
-        lo = tl.load(offsets_ptr + head + left, mask=valid, other=0)
-        mid = tl.load(offsets_ptr + head + left + 1, mask=valid, other=0)
-        hi = tl.load(offsets_ptr + head + left + 2, mask=valid, other=0)
-        n = tl.where(valid, hi - lo, 0)
+        lo, mid, n = _cell_pair(dy, lvl, y, x, W, row_ok, head, offsets_ptr, shapes_ptr,
+                                CELLS, L)
         for j0 in range(0, tl.max(n, axis=0), BLOCK_E):
-            j = j0 + tl.arange(0, BLOCK_E)[None, :]
-            live = j < n[:, None]
-            pos = (lo[:, None] + j).to(tl.int64)
-            q = tl.load(queries_ptr + pos, mask=live, other=0).to(tl.int64)
-            corner = tl.where(pos < mid[:, None], 3 - 2 * dy, 2 - 2 * dy).to(tl.int64)
-            c = tl.load(corners_ptr + corner * N + pos, mask=live, other=0.0)
+            live, q, c = _entries(records_ptr, lo, mid, n, j0, dy == 0, BLOCK_E, ACC)
             go = tl.load(go_base + q[:, :, None] * stride_goq
                          + (offs_d * stride_god)[None, None, :],
                          mask=live[:, :, None] & dm, other=0.0).to(ACC)
-            acc += tl.sum(_fixed_point_terms(c[:, :, None], go, e, ACC), axis=1)
+            if gq_ptr is not None:
+                acc += tl.sum(_integer_terms(c, _query_max(gq_ptr, b, m, q, live, Q), go, e),
+                              axis=1)
+            else:
+                acc += tl.sum(_fixed_point_terms(c[:, :, None], go, e, ACC), axis=1)
+    ty: tl.constexpr = grad_value_ptr.dtype.element_ty
+    if gq_ptr is not None:
+        out = _integers_to_float(acc, e, ok, ty)
+    else:
+        out = _fixed_to_float(acc, e, ok, ty, ACC)
     gv_base = _head_base(grad_value_ptr, b, m, stride_gvb, stride_gvm)
-    tl.store(_row_ptrs(gv_base, s, stride_gvs, offs_d, 1),
-             _fixed_to_float(acc, e, ok, grad_value_ptr.dtype.element_ty, ACC),
+    tl.store(_row_ptrs(gv_base, s, stride_gvs, offs_d, 1), out,
              mask=rmask[:, None] & dmask[None, :])

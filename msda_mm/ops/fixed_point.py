@@ -18,6 +18,17 @@ def _pow2(e, ACC: tl.constexpr):
 
 
 @triton.jit
+def _exponent(x):
+    """ex (int32) with x < 2**ex for every float x >= 0 (fp32 or fp64), from
+    its exponent field: 0 and subnormals get the smallest normal exponent
+    plus 1, inf and NaN the largest plus 2."""
+    if x.dtype == tl.float64:
+        return (((x.to(tl.int64, bitcast=True) >> 52) & 2047) - 1022).to(tl.int32)
+    else:
+        return ((x.to(tl.int32, bitcast=True) >> 23) & 255) - 126
+
+
+@triton.jit
 def _fixed_point_exponent(bound_ptr, b, m, ACC: tl.constexpr):
     """Head (b, m)'s fixed-point exponent e and whether it has one: bound_ptr
     is a (B, M) float64 bound on |every partial sum| of grad_value[b, :, m, :]
@@ -32,10 +43,7 @@ def _fixed_point_exponent(bound_ptr, b, m, ACC: tl.constexpr):
     # (its fp32 weight sums and the terms' roundings: ~L*K*2**-24), clear of
     # int64's 2**63.
     BITS: tl.constexpr = 61
-    bound = tl.load(_head_base(bound_ptr, b, m, tl.num_programs(1), 1))
-    # The exponent field: bound < 2**ex for every bound >= 0 (0 and subnormals
-    # get ex = -1022, inf and NaN 1025).
-    ex = ((bound.to(tl.int64, bitcast=True) >> 52) & 2047) - 1022
+    ex = _exponent(tl.load(_head_base(bound_ptr, b, m, tl.num_programs(1), 1)))
     ok = ex <= BIAS
     return tl.where(ok, tl.minimum(BITS - ex, 2 * BIAS - 2), 0), ok
 

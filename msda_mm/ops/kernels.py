@@ -17,15 +17,18 @@ arithmetic is in ACC (fp32, or fp64 when an input is fp64, which gradcheck
 needs); only the stores round.
 
 Deterministic backward: msda_bwd_kernel without grad_value (grad_loc and
-grad_attn as in the default backward, bitwise), then bucket_kernels.py's
-counting sort of the samples by cell and a gather per value row, which sums
-grad_value in int64 fixed point in registers: integer addition is
-associative, so the order of the samples no longer matters, and no atomic
-touches grad_value.  Each term c * go is scaled by 2**e, a power of two per
+grad_attn as in the default backward, bitwise; it also ranks each sample in
+its cell's bucket), then the rest of bucket_kernels.py's counting sort of the
+samples by cell and a gather per value row, which sums
+grad_value from integer terms: integer addition is associative, so the order
+of the samples no longer matters, and no atomic touches grad_value.  fp32
+and fp64 values: each term c * go is scaled by 2**e, a power of two per
 (batch, head) taken on the device from a bound on the head's partial sums
 (launch.grad_value_bound: bound * 2**e < 2**61, so no sum reaches int64's
-2**63), and truncated to an integer; each sum is scaled back by 2**-e and
-rounded once (fixed_point.py).
+2**63), truncated to an integer and summed in int64 registers; each sum is
+scaled back by 2**-e and rounded once (fixed_point.py).  fp16 and bf16
+values: per row an exponent from a first pass over its entries, then terms
+rounded to integers that fp32 adds exactly (exact_sums.py).
 
 Offsets into value/grad_value/output are int64 so tensors past 2**31
 elements work.  Level shapes and start offsets are read on the device: no
@@ -38,25 +41,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-
-@triton.jit
-def _cell(x, y, H, W, active):
-    """Whether each normalised (x, y) location is a live sample (inside the
-    level's extended grid: x_im in [-1, W), y_im in [-1, H)), the top-left
-    corner (x0, y0) of its cell (int32, in [-1, W-1] x [-1, H-1]) and its
-    bilinear fractions lx, ly; zeros where not live.
-
-    NaN fails every comparison and +-inf fails one, so a non-finite location
-    is never live.
-    """
-    x_im = x * W - 0.5
-    y_im = y * H - 0.5
-    ok = active & (x_im >= -1.0) & (x_im < W) & (y_im >= -1.0) & (y_im < H)
-    x_im = tl.where(ok, x_im, 0.0)
-    y_im = tl.where(ok, y_im, 0.0)
-    x0f = tl.floor(x_im)
-    y0f = tl.floor(y_im)
-    return ok, x0f.to(tl.int32), y0f.to(tl.int32), x_im - x0f, y_im - y0f
+from .cells import _cell, _rank_samples
 
 
 @triton.jit
@@ -173,6 +158,14 @@ def _bilinear_weights(w, lx, ly):
 
 
 @triton.jit
+def _bilinear_weight(w, lx, ly, bottom: tl.constexpr, right):
+    """The one of _bilinear_weights' four of corner (bottom, right) (right a
+    mask), by the same fp operations: bitwise the same weight."""
+    fy = ly if bottom else 1.0 - ly
+    return w * fy * tl.where(right, lx, 1.0 - lx)
+
+
+@triton.jit
 def _corner_weights(w, lx, ly):
     """_bilinear_weights as [BLOCK_Q, BLOCK_P, 1] tiles."""
     c00, c01, c10, c11 = _bilinear_weights(w, lx, ly)
@@ -201,7 +194,8 @@ def _sample_chunk(p0, b, m, q, qmask, shapes_ptr, starts_ptr, loc_ptr, attn_ptr,
     """Everything about one chunk of points of this program's queries, as
     [BLOCK_Q, BLOCK_P] tiles: weight w, bilinear fractions lx, ly, corner
     00 index, the four corner masks, the level width W and height H, the
-    live-sample mask and the (l, k) offsets for the per-point outputs."""
+    live-sample mask, the (l, k) offsets for the per-point outputs and the
+    locations x, y."""
     l, k, pmask, H, W, start = _point_chunk(p0, shapes_ptr, starts_ptr, L, K, BLOCK_P)
     live = qmask[:, None] & pmask[None, :]
     lp = _point_ptrs(loc_ptr, b, q, m, l, k, stride_lb, stride_lq, stride_lm, stride_ll,
@@ -211,7 +205,7 @@ def _sample_chunk(p0, b, m, q, qmask, shapes_ptr, starts_ptr, loc_ptr, attn_ptr,
     w = tl.load(_point_ptrs(attn_ptr, b, q, m, l, k, stride_ab, stride_aq, stride_am,
                             stride_al, stride_ak), mask=live, other=0.0).to(ACC)
     i00, m00, m01, m10, m11, lx, ly = _bilinear_corners(x, y, H, W, start, S, live)
-    return w, lx, ly, i00, m00, m01, m10, m11, W, H, live, l, k
+    return w, lx, ly, i00, m00, m01, m10, m11, W, H, live, l, k, x, y
 
 
 @triton.jit
@@ -296,7 +290,7 @@ def msda_fwd_kernel(
                              stride_al, stride_ak, L, K, BLOCK_P, ACC)
         row_sum = tl.zeros_like(row_max)
     for p0 in range(0, L * K, BLOCK_P):
-        w, lx, ly, i00, m00, m01, m10, m11, W, H, live, l, k = _sample_chunk(
+        w, lx, ly, i00, m00, m01, m10, m11, W, H, live, l, k, _, _ = _sample_chunk(
             p0, b, m, q, qmask, shapes_ptr, starts_ptr, loc_ptr, attn_ptr, S,
             stride_lb, stride_lq, stride_lm, stride_ll, stride_lk, stride_lc,
             stride_ab, stride_aq, stride_am, stride_al, stride_ak, L, K, BLOCK_P, ACC)
@@ -452,8 +446,8 @@ def _softmax_backward(b, m, q, qmask, attn_ptr, grad_attn_ptr, grad_logit_ptr, r
 @triton.jit
 def msda_bwd_kernel(
     grad_out_ptr, value_ptr, shapes_ptr, starts_ptr, loc_ptr, attn_ptr,
-    grad_value_ptr, grad_loc_ptr, grad_attn_ptr, grad_logit_ptr,
-    Q, S, D: tl.constexpr,
+    grad_value_ptr, grad_loc_ptr, grad_attn_ptr, grad_logit_ptr, ranks_ptr, counts_ptr,
+    Q, S, D: tl.constexpr, CELLS,
     stride_gob, stride_goq, stride_gom, stride_god,
     stride_vb, stride_vs, stride_vm, stride_vd,
     stride_lb, stride_lq, stride_lm, stride_ll, stride_lk, stride_lc,
@@ -472,8 +466,10 @@ def msda_bwd_kernel(
     grad_attn (B, Q, M, L, K) are written once per element.
 
     grad_value_ptr None (a constexpr): grad_loc and grad_attn only, no
-    atomics (the deterministic backward, whose grad_value is
-    grad_value_gather_kernel's).
+    atomics on grad_value (the deterministic backward, whose grad_value is
+    grad_value_gather_kernel's).  counts_ptr not None (a constexpr, with
+    ranks_ptr and CELLS; None in the other backwards): also the counting
+    sort's ranks of the samples in their buckets (cells._rank_samples).
 
     PDL (sm_90+, launched with launch_pdl right after grad_value's fill:
     zero_fill_kernel, or PyTorch's fill for fp32): the gathers and the
@@ -498,10 +494,15 @@ def msda_bwd_kernel(
                                           stride_am, stride_al, stride_ak, L, K, BLOCK_P, ACC)
         dot = tl.zeros_like(row_max)
     for p0 in range(0, L * K, BLOCK_P):
-        w, lx, ly, i00, m00, m01, m10, m11, W, H, live, l, k = _sample_chunk(
+        w, lx, ly, i00, m00, m01, m10, m11, W, H, live, l, k, x, y = _sample_chunk(
             p0, b, m, q, qmask, shapes_ptr, starts_ptr, loc_ptr, attn_ptr, S,
             stride_lb, stride_lq, stride_lm, stride_ll, stride_lk, stride_lc,
             stride_ab, stride_aq, stride_am, stride_al, stride_ak, L, K, BLOCK_P, ACC)
+        if counts_ptr is not None:
+            # The counting sort's ranks, from this chunk's locations (its cells
+            # are _bilinear_corners', computed once).
+            _rank_samples(x, y, l, H, W, live, p0, b, m, q, Q, CELLS, shapes_ptr, ranks_ptr,
+                          counts_ptr, L, K, BLOCK_P)
         if SOFTMAX:
             w = _point_softmax(w, live, row_max, inv_sum)
         v00, v01, v10, v11 = _load_corners(v_base, i00, W, m00, m01, m10, m11, stride_vs,

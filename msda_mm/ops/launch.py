@@ -20,7 +20,6 @@ msda_fwd_pairs_kernel = FastLaunch(kernels.msda_fwd_pairs_kernel)
 msda_bwd_kernel = FastLaunch(kernels.msda_bwd_kernel)
 zero_fill_kernel = FastLaunch(kernels.zero_fill_kernel)
 grad_value_bound_kernel = FastLaunch(bound_kernel.grad_value_bound_kernel)
-bucket_count_kernel = FastLaunch(bucket_kernels.bucket_count_kernel)
 bucket_fill_kernel = FastLaunch(bucket_kernels.bucket_fill_kernel)
 grad_value_gather_kernel = FastLaunch(bucket_kernels.grad_value_gather_kernel)
 
@@ -100,6 +99,11 @@ def _tile(kernel: str, value: torch.Tensor, points: int, rows: int,
     # D = 256 and 236 with fp32 accumulation (research/compile_check.py).
     tuned = block_q * block_p * 32
     block_q = max(1, tuned // (block_p * block_d))
+    if kernel == "gather" and value.element_size() == 2:
+        # Its two passes keep each row's cell ranges, units and exponent in every thread (a
+        # warp's threads share the rows): past D = 32 the rows shrink with D once more (sm_80
+        # spilled 1 register at D = 64 with 16 rows; research/compile_check.py).
+        block_q = max(1, block_q * 32 // max(block_d, 32))
     num_warps = min(8, max(num_warps, num_warps * block_q * block_p * block_d // (2 * tuned)))
     return dict(BLOCK_Q=block_q, BLOCK_P=block_p, BLOCK_D=block_d, num_warps=num_warps)
 
@@ -248,7 +252,8 @@ def fill_zeros(t: torch.Tensor) -> bool:
 _BOUND = dict(ELEMENTS=2048, num_warps=4)
 
 
-def grad_value_bound(go: torch.Tensor, attention_weights: torch.Tensor) -> torch.Tensor:
+def grad_value_bound(go: torch.Tensor, attention_weights: torch.Tensor,
+                     query_max: torch.Tensor | None = None) -> torch.Tensor:
     """(B, M) float64: a bound on |every partial sum| of grad_value[b, :, m, :]
     for grad_output ``go`` (B, Q, M, D), computed on the device (no sync) by
     bound_kernel.py.
@@ -260,7 +265,8 @@ def grad_value_bound(go: torch.Tensor, attention_weights: torch.Tensor) -> torch
     over the queries (looser by the largest query's bound over the mean one,
     about 2x for random grad_output), so that the bound, and with it the fixed
     point, is the same whatever the queries' order.  inf or NaN in go or the
-    weights make it inf or NaN."""
+    weights make it inf or NaN.  ``query_max``, a (B, Q, M) fp32 tensor for
+    16-bit ``go``: also each query's max_d |go[b, q, m, d]|."""
     B, Q, M, D = go.shape
     _, _, _, L, K = attention_weights.shape
     bound = torch.zeros(B, M, device=go.device, dtype=torch.float64)
@@ -270,14 +276,14 @@ def grad_value_bound(go: torch.Tensor, attention_weights: torch.Tensor) -> torch
             for t in (go, attention_weights)]
     with _device_guard(go):
         grad_value_bound_kernel[_grid(go, Q, block_q)](
-            go, attention_weights, bound.view(torch.int64), Q, D, *go.stride(),
+            go, attention_weights, bound.view(torch.int64), query_max, Q, D, *go.stride(),
             *attention_weights.stride(), L=L, K=K, BLOCK_Q=block_q,
             BLOCK_P=min(_next_pow2(L * K), _BOUND["ELEMENTS"] // block_q), BLOCK_D=block_d,
             MAX_TY=wide[0], SUM_TY=wide[1], num_warps=_BOUND["num_warps"])
     return bound
 
 
-# The sort kernels' tile: 128 samples a 4-warp program, one a thread.
+# bucket_fill_kernel's tile: 128 samples a 4-warp program, one a thread.
 _SORT = dict(SAMPLES=128, num_warps=4)
 
 
@@ -288,54 +294,73 @@ def _cells(S: int, L: int) -> int:
     return 2 * S + 2 * L
 
 
-def bucket_samples(value, spatial_shapes, sampling_locations, attention_weights, acc_dtype):
-    """The samples counting-sorted by cell (bucket_kernels.py): (cells,
-    offsets, queries, corners), where bucket (b * M + m) * cells + c holds
-    entries offsets[i]:offsets[i + 1], i the bucket, in an order that varies
-    run to run; entry j's query is queries[j] and its corner weights (00, 01,
-    10, 11) corners[:, j] (acc_dtype)."""
+class SortBuffers(NamedTuple):
+    """The counting sort's buffers (bucket_kernels.py), msda_bwd_kernel's to
+    fill: bucket (b * M + m) * cells + c counts its samples at counts[1 + i]
+    (zeros first), each sample's rank in its bucket goes to ranks."""
+    cells: int
+    counts: torch.Tensor  # (B * M * cells + 1,), of ranks' dtype
+    ranks: torch.Tensor  # (B * M * Q * L*K,)
+
+
+def sort_buffers(value, sampling_locations) -> SortBuffers:
+    """Zeroed counts and the ranks for the samples of these locations."""
     B, S, M, _ = value.shape
     _, Q, _, L, K, _ = sampling_locations.shape
     cells = _cells(S, L)
     samples = B * M * Q * L * K
-    # One index dtype for ranks, offsets and queries: int32 where all fit.
+    # One index dtype for counts (then offsets) and ranks: int32 where all fit.
     index = torch.int32 if max(samples, B * M * cells + 1) < 2**31 else torch.int64
-    counts = torch.zeros(B * M * cells + 1, device=value.device, dtype=index)
-    ranks = torch.empty(samples, device=value.device, dtype=index)
-    queries = torch.empty(samples, device=value.device, dtype=index)
-    corners = torch.empty(4, samples, device=value.device,
-                          dtype=torch.float64 if acc_dtype is tl.float64 else torch.float32)
+    return SortBuffers(cells, torch.zeros(B * M * cells + 1, device=value.device, dtype=index),
+                       torch.empty(samples, device=value.device, dtype=index))
+
+
+def bucket_records(value, spatial_shapes, sampling_locations, attention_weights,
+                   sort: SortBuffers, acc_dtype):
+    """The samples counting-sorted by cell from msda_bwd_kernel's ranks:
+    (offsets, records), where bucket i holds entries offsets[i]:offsets[i + 1]
+    in an order that varies run to run; entry j's record records[j] (4 words:
+    int32 for fp32 acc_dtype, int64 for fp64) holds its query and the bits of
+    its attention weight and bilinear fractions lx, ly (acc_dtype)."""
+    _, Q, _, L, K, _ = sampling_locations.shape
+    words = torch.int64 if acc_dtype is tl.float64 else torch.int32
+    records = torch.empty(sort.ranks.numel(), 4, device=value.device, dtype=words)
     block_p = min(_next_pow2(L * K), _SORT["SAMPLES"])
-    sort = dict(BLOCK_Q=_SORT["SAMPLES"] // block_p, BLOCK_P=block_p, ACC=acc_dtype,
+    fill = dict(BLOCK_Q=_SORT["SAMPLES"] // block_p, BLOCK_P=block_p, ACC=acc_dtype,
                 num_warps=_SORT["num_warps"])
-    grid = _grid(value, Q, sort["BLOCK_Q"])
-    loc_strides = sampling_locations.stride()
+    offsets = sort.counts
     with _device_guard(value):
-        bucket_count_kernel[grid](spatial_shapes, sampling_locations, ranks, counts, Q, cells,
-                                  *loc_strides, L=L, K=K, **sort)
-        counts.cumsum_(0)  # exclusive starts: counts[0] stays 0, bucket i's count was at i + 1
-        bucket_fill_kernel[grid](spatial_shapes, sampling_locations, attention_weights, ranks,
-                                 counts, queries, corners, Q, cells, samples, *loc_strides,
-                                 *attention_weights.stride(), L=L, K=K, **sort)
-    return cells, counts, queries, corners
+        # Exclusive starts: counts[0] stays 0, bucket i's count was at i + 1.
+        offsets.cumsum_(0)
+        bucket_fill_kernel[_grid(value, Q, fill["BLOCK_Q"])](
+            spatial_shapes, sampling_locations, attention_weights, sort.ranks, offsets, records,
+            Q, sort.cells, *sampling_locations.stride(), *attention_weights.stride(),
+            L=L, K=K, **fill)
+    return offsets, records
 
 
 def _deterministic_grad_value(go, value, spatial_shapes, level_start_index, sampling_locations,
-                              attention_weights, acc_dtype) -> torch.Tensor:
-    """grad_value in value's dtype, summed in int64 fixed point: the samples
-    bucketed by cell, then gathered per value row (bucket_kernels.py)."""
+                              attention_weights, sort: SortBuffers, acc_dtype) -> torch.Tensor:
+    """grad_value in value's dtype, without atomics: the samples bucketed by
+    cell (msda_bwd_kernel ranked them into ``sort``), then gathered per value
+    row (bucket_kernels.py) and summed in int64 fixed point, or for 16-bit
+    values (fp32 arithmetic) in fp32 from integer-valued terms (exact_sums.py)."""
     B, S, M, D = value.shape
     _, Q, _, L, K, _ = sampling_locations.shape
-    bound = grad_value_bound(go, attention_weights)
-    cells, offsets, queries, corners = bucket_samples(value, spatial_shapes, sampling_locations,
-                                                      attention_weights, acc_dtype)
+    query_max = None
+    if value.element_size() == 2 and acc_dtype is tl.float32:
+        query_max = torch.empty(B, Q, M, device=value.device, dtype=torch.float32)
+    bound = grad_value_bound(go, attention_weights, query_max)
+    offsets, records = bucket_records(value, spatial_shapes, sampling_locations,
+                                      attention_weights, sort, acc_dtype)
     grad_value = torch.empty(value.shape, device=value.device, dtype=value.dtype)
     # A bucket holds at most a head's Q * L * K samples: BLOCK_E needs no more.
     tile = _tile("gather", value, Q * L * K, B * S * M)
     with _device_guard(value):
         grad_value_gather_kernel[_grid(value, S, tile["BLOCK_Q"])](
-            go, spatial_shapes, level_start_index, bound, offsets, queries, corners, grad_value,
-            S, cells, queries.numel(), D, *go.stride(), *grad_value.stride()[:3],
+            go, spatial_shapes, level_start_index, bound, query_max, offsets, records,
+            grad_value, Q, Q.bit_length() - 1, S, sort.cells, D, *go.stride(),
+            *grad_value.stride()[:3],
             L=L, BLOCK_S=tile["BLOCK_Q"], BLOCK_E=tile["BLOCK_P"],
             BLOCK_D=tile["BLOCK_D"], ACC=acc_dtype, num_warps=tile["num_warps"])
     return grad_value
@@ -399,7 +424,9 @@ def run_backward(plan: BackwardPlan, grad_output, value, spatial_shapes, level_s
     gob, goq, goc = grad_output.stride()
     go_strides = (gob, goq, sizes[2] * goc, goc)
     grad_value, pdl, gv_strides = None, False, (0, 0, 0)
-    if accum is not None:
+    sort = sort_buffers(value, sampling_locations) if accum is None else None
+    ranks, counts, cells = (None,) * 3 if sort is None else (sort.ranks, sort.counts, sort.cells)
+    if sort is None:
         grad_value = torch.empty(value.shape, device=value.device, dtype=accum)
         gv_strides = grad_value.stride()[:3]
         # The fill must be the kernel right before the backward: with PDL the
@@ -410,14 +437,14 @@ def run_backward(plan: BackwardPlan, grad_output, value, spatial_shapes, level_s
     with _device_guard(value):
         msda_bwd_kernel[grid](
             grad_output, value, spatial_shapes, level_start_index, sampling_locations,
-            attention_weights, grad_value, grad_loc, g_attn, grad_logit, *sizes,
-            *go_strides, *strides, *gv_strides, *grad_loc.stride(), *g_attn.stride(),
+            attention_weights, grad_value, grad_loc, g_attn, grad_logit, ranks, counts, *sizes,
+            cells, *go_strides, *strides, *gv_strides, *grad_loc.stride(), *g_attn.stride(),
             PDL=pdl, launch_pdl=pdl, **meta,
         )
     if accum is None:
         grad_value = _deterministic_grad_value(
             grad_output.unflatten(-1, (M, sizes[2])), value, spatial_shapes, level_start_index,
-            sampling_locations, attention_weights, meta["ACC"])
+            sampling_locations, attention_weights, sort, meta["ACC"])
     elif accum != value.dtype:
         grad_value = grad_value.to(value.dtype)
     return grad_value, grad_loc, grad_attn

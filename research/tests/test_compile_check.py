@@ -92,34 +92,36 @@ def test_backward_waits_for_the_fill_only_where_pdl_exists(rows, arch):
 
 
 def test_deterministic_backward_adds_no_grad_value(all_rows):
-    # msda_bwd_kernel given no grad_value: grad_loc and grad_attn only, no
-    # atomics, and no fill to wait for.
+    # msda_bwd_kernel given no grad_value: grad_loc and grad_attn, and the
+    # counting sort's ranks, one native 32-bit atomic increment a sample (no
+    # CAS loop); no fill to wait for.
     det = {r["arch"]: r for r in all_rows if r["deterministic"]}
     assert set(det) == {80, 90}
     for row in det.values():
-        assert row["error"] is None and not row["ptx_atomics"] and not row["sass_atomics"], row
+        assert row["error"] is None and not row["cas_loop"], row
+        assert row["ptx_atomics"] == {"atom.global.gpu.relaxed.add.u32": 1}, row
         assert row["pdl_waits"] == 0, row
         assert row["spill_stores"] == 0 and row["spill_loads"] == 0, row
 
 
-def test_deterministic_grad_value_kernels_count_with_native_int32_adds(tmp_path):
+def test_deterministic_grad_value_kernels_add_in_registers(tmp_path):
     # The bucketed gather: one native 64-bit atomic max a program on the
-    # bound's bits, one native 32-bit atomic increment a sample in
-    # bucket_count_kernel (no CAS loops), none in the fill and the gather,
-    # which sums its int64 terms in registers; no spills at D = 32.
-    kernels = ("bound", "bucket_count", "bucket_fill", "gather")
+    # bound's bits (no CAS loop), none in the fill and the gather, which
+    # sums its terms in registers; no spills at D = 32 and 64.
+    kernels = ("bound", "bucket_fill", "gather")
     rows = _compile_check(tmp_path / "rows.json", "--archs", "80", "90", "--head-dims", "32",
-                          kernels=kernels, dtypes=("bf16", "fp32"))
-    assert {(r["kernel"], r["arch"]) for r in rows} == {(k, a) for k in kernels for a in (80, 90)}
+                          "64", kernels=kernels, dtypes=("bf16", "fp32"))
+    assert {(r["kernel"], r["arch"], r["head_dim"]) for r in rows} == {
+        (k, a, d) for k in kernels for a in (80, 90) for d in (32, 64)}
     for row in rows:
         assert row["error"] is None and not row["cas_loop"], row
         assert row["spill_stores"] == 0 and row["spill_loads"] == 0, row
         if row["kernel"] == "bound":
             assert row["ptx_atomics"] == {"atom.global.gpu.relaxed.max.s64": 1}, row
-        elif row["kernel"] == "bucket_count":
-            assert row["ptx_atomics"] == {"atom.global.gpu.relaxed.add.u32": 1}, row
         else:
             assert not row["ptx_atomics"] and not row["sass_atomics"], row
+        if row["kernel"] == "bucket_fill":  # each sample's record: one 16-byte store
+            assert row["sass_stores"] == {"STG.E.128": 1}, row
 
 
 def test_wide_heads_do_not_spill(tmp_path):

@@ -40,6 +40,16 @@ def test_bound_kernel_matches_the_formula(dtype):
     _close(bound, go, w)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_bound_kernel_stores_each_querys_largest_grad_output(dtype):
+    # The 16-bit gather's per-query scale: max_d |go|, exact in fp32.
+    go, w = _inputs(dtype)
+    query_max = torch.full(go.shape[:3], float("nan"))
+    bound = launch.grad_value_bound(go, w, query_max)
+    torch.testing.assert_close(query_max, go.float().abs().amax(-1), rtol=0, atol=0)
+    torch.testing.assert_close(bound, launch.grad_value_bound(go, w), rtol=0, atol=0)
+
+
 def test_bound_kernel_takes_strided_inputs_and_one_query():
     go, w = _inputs(torch.float32, Q=1, D=40, L=3, K=5)
     _close(launch.grad_value_bound(go, w), go, w)

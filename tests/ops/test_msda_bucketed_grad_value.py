@@ -6,7 +6,6 @@ the gather kernel's tile."""
 import numpy as np
 import pytest
 import torch
-import triton.language as tl
 
 from msda_mm.ops import launch
 
@@ -90,20 +89,38 @@ def test_samples_on_the_borders(dtype):
     assert got.count_nonzero() > 0
 
 
-def _lexsort(keys, corners):
-    """The order that sorts by key, then by the four corner weights."""
-    return torch.from_numpy(np.lexsort([*corners.double().numpy()[::-1], keys.numpy()]))
+def _lexsort(keys, fields):
+    """The order that sorts by key, then by the fields (rows of ``fields``)."""
+    return torch.from_numpy(np.lexsort([*fields.double().numpy()[::-1], keys.numpy()]))
 
 
-def test_bucket_counts_are_the_histogram_of_the_cells():
+def _sorted_samples(monkeypatch, args):
+    """The deterministic backward's counting sort of args' samples: cells
+    a head and bucket_records' (offsets, records), kept as the backward
+    makes them (msda_bwd_kernel's ranks, then the fill)."""
+    kept = []
+
+    def keep(*a):
+        kept.append((a[4].cells, *bucket_records(*a)))
+        return kept[-1][1:]
+
+    bucket_records = launch.bucket_records
+    monkeypatch.setattr(launch, "bucket_records", keep)
+    run_op(args, deterministic=True)
+    assert len(kept) == 1
+    return kept[0]
+
+
+def test_bucket_counts_are_the_histogram_of_the_cells(monkeypatch):
     args = _inputs(torch.float32, seed=4, Q=9)
     value, loc, attn = args["value"], args["sampling_locations"], args["attention_weights"]
     B, S, M, _ = value.shape
     _, Q, _, L, K, _ = loc.shape
     loc[0, 0, 0, 0, 0] = float("nan")  # never live: in no bucket
-    cells, offsets, queries, corners = launch.bucket_samples(value, args["spatial_shapes"], loc,
-                                                             attn, tl.float32)
-    # Each live sample's (bucket, query) as one key and its corner weights, from PyTorch.
+    cells, offsets, records = _sorted_samples(monkeypatch, args)
+    assert records.dtype == torch.int32 and records.shape == (B * Q * M * L * K, 4)
+    queries, fields = records[:, 0], records[:, 1:].view(torch.float32).T  # w, lx, ly
+    # Each live sample's (bucket, query) as one key and its w, lx, ly, from PyTorch.
     keys, weights, start = [], [], 0
     head = torch.arange(B)[:, None, None, None] * M + torch.arange(M)[None, None, :, None]
     for lvl, (H, W) in enumerate(SHAPES):
@@ -113,25 +130,26 @@ def test_bucket_counts_are_the_histogram_of_the_cells():
         query = torch.arange(Q)[None, :, None, None].expand_as(cell)
         keys.append(((head * cells + cell) * Q + query)[live])
         lx, ly = x_im - x_im.floor(), y_im - y_im.floor()
-        w = attn[:, :, :, lvl]
-        weights.append(torch.stack([w * (1 - ly) * (1 - lx), w * (1 - ly) * lx,
-                                    w * ly * (1 - lx), w * ly * lx])[:, live])
+        weights.append(torch.stack([attn[:, :, :, lvl], lx, ly])[:, live])
         start += (H + 1) * (W + 1)
     keys, weights = torch.cat(keys), torch.cat(weights, 1)
     hist = torch.bincount(keys // Q, minlength=B * M * cells)
     assert offsets[0] == 0 and torch.equal(offsets.diff().long(), hist)
     # Each bucket holds its own samples' records, in some order: sorted by
-    # (bucket, query, corner weights), both sides match.
+    # (bucket, query, w, lx, ly), both sides match.
     bucket = torch.repeat_interleave(torch.arange(B * M * cells), hist)
     got_keys = bucket * Q + queries[:len(keys)].long()
-    want, got = _lexsort(keys, weights), _lexsort(got_keys, corners[:, :len(keys)])
+    want, got = _lexsort(keys, weights), _lexsort(got_keys, fields[:, :len(keys)])
     assert torch.equal(got_keys[got], keys[want])
-    torch.testing.assert_close(corners[:, got], weights[:, want], rtol=0, atol=0)
+    torch.testing.assert_close(fields[:, got], weights[:, want], rtol=0, atol=0)
 
 
-def test_gather_tiles_leave_grad_value_bitwise_unchanged():
-    args = _inputs(torch.float32, seed=5, lo=0.3, hi=0.7)
-    g = torch.randn(2, 6, 8, generator=torch.Generator().manual_seed(5))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_gather_tiles_leave_grad_value_bitwise_unchanged(dtype):
+    # Other rows a program, entries a step and sum trees (16-bit: fp32 sums
+    # of integers, int64 units).
+    args = _inputs(dtype, seed=5, lo=0.3, hi=0.7)
+    g = torch.randn(2, 6, 8, generator=torch.Generator().manual_seed(5)).to(dtype)
     first = _grad_value(args, g)
     for tile in [(1, 1, 1), (1, 1, 2), (2, 1, 4), (4, 2, 2), (8, 1, 16), (32, 4, 8)]:
         with launch.tile_override(gather=tile):

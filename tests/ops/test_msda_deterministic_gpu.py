@@ -2,7 +2,8 @@
 atomics collide by the thousand (run: python -m pytest -m gpu tests)."""
 import pytest
 import torch
-from test_msda_deterministic import ONE_ROUNDING, assert_equal, errors, permuted
+from test_msda_deterministic import (ONE_ROUNDING, assert_equal, errors, mixed_sizes, permuted,
+                                     worst_row_err)
 
 from msda_mm import multi_scale_deformable_attention as msda
 from msda_mm.ops import launch
@@ -70,6 +71,17 @@ def test_grad_value_is_no_less_accurate_than_the_fp32_accumulator(dtype):
     g = torch.randn(2, 900, 256, device="cuda", dtype=torch.float64).to(dtype)
     det, fp32 = errors(args, g)
     assert det <= fp32 + ONE_ROUNDING.get(dtype, 0.0), (det, fp32)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=str)
+def test_rows_of_small_queries_are_as_accurate_as_with_the_fp32_accumulator(dtype):
+    # Queries 2**40 apart (fp16: 2**20, its range), locations over the whole
+    # image: rows that only small queries reach keep their own precision.
+    args = _inputs(dtype, 0.0, 1.0, seed=4)
+    g = torch.randn(2, 900, 256, device="cuda", dtype=torch.float64).to(dtype)
+    g = mixed_sizes(g, 20 if dtype == torch.float16 else 40, seed=4)
+    det, fp32 = errors(args, g, worst_row_err)
+    assert det <= fp32 + ONE_ROUNDING.get(dtype, 2.0**-24), (det, fp32)
 
 
 def test_cuda_graph_replays_the_deterministic_backward():
