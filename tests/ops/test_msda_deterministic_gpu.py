@@ -2,8 +2,14 @@
 atomics collide by the thousand (run: python -m pytest -m gpu tests)."""
 import pytest
 import torch
-from test_msda_deterministic import (ONE_ROUNDING, assert_equal, errors, mixed_sizes, permuted,
-                                     worst_row_err)
+from test_msda_deterministic import (
+    ONE_ROUNDING,
+    assert_equal,
+    errors,
+    mixed_sizes,
+    permuted,
+    worst_row_err,
+)
 
 from msda_mm import multi_scale_deformable_attention as msda
 from msda_mm.ops import launch
