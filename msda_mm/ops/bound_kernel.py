@@ -12,6 +12,14 @@ from .kernels import _chunk_points, _head_base, _point_ptrs, _program_tile, _row
 
 
 @triton.jit
+def _query_max_ptrs(gq_ptr, b, q, m, Q):
+    """Pointers to queries q's entries of a (B, Q, M) array (grid dim 1 is M):
+    the per-query max |grad_output| the kernel below stores and the 16-bit
+    gather reads."""
+    return gq_ptr + (b.to(tl.int64) * Q + q) * tl.num_programs(1) + m
+
+
+@triton.jit
 def grad_value_bound_kernel(
     grad_out_ptr, attn_ptr, bound_ptr, gq_ptr, Q, D: tl.constexpr,
     stride_gob, stride_goq, stride_gom, stride_god,
@@ -34,7 +42,7 @@ def grad_value_bound_kernel(
     BITS: tl.constexpr = tl.int64 if MAX_TY == tl.float64 else tl.int32
     go_max = tl.max(tl.abs(go).to(BITS, bitcast=True), axis=1).to(MAX_TY, bitcast=True)
     if gq_ptr is not None:
-        tl.store(gq_ptr + (b.to(tl.int64) * Q + q) * tl.num_programs(1) + m, go_max, mask=qmask)
+        tl.store(_query_max_ptrs(gq_ptr, b, q, m, Q), go_max, mask=qmask)
     w_sum = tl.zeros([BLOCK_Q], dtype=SUM_TY)
     for p0 in range(0, L * K, BLOCK_P):
         lvl, k, pmask = _chunk_points(p0, L, K, BLOCK_P)

@@ -11,7 +11,7 @@ counting sort, all on the device: msda_bwd_kernel ranks each sample in its
 bucket with an atomic increment (cells._rank_samples) while it computes the
 location and weight gradients, an exclusive cumsum of the counts gives each
 bucket's first entry, bucket_fill_kernel writes each sample's
-record (its query and four bilinear corner weights) to its entry.  The
+record (its query, attention weight and bilinear fractions) to its entry.  The
 order inside a bucket varies run to run; the integer sums of
 grad_value_gather_kernel do not depend on it.
 
@@ -23,9 +23,10 @@ contiguous, so grad_value_gather_kernel reads two ranges a row.
 import triton
 import triton.language as tl
 
+from .bound_kernel import _query_max_ptrs
 from .cells import _ext_start, _sample_bucket, _sample_slot
 from .exact_sums import _head_unit, _integer_terms, _integers_to_float, _row_exponent, _row_units
-from .fixed_point import _fixed_point_exponent, _fixed_point_terms, _fixed_to_float
+from .fixed_point import _fixed_point_exponent, _fixed_point_terms, _fixed_to_float, _head_bound
 from .kernels import (
     _bilinear_weight,
     _chunk_points,
@@ -156,8 +157,7 @@ def _entries(records_ptr, lo, mid, n, j0, bottom: tl.constexpr, BLOCK_E: tl.cons
 def _query_max(gq_ptr, b, m, q, live, Q):
     """max_d |grad_output[b, q, m, :]| of the entries' queries, from the
     bound kernel's (B, Q, M) fp32 array (grid dim 1 is M)."""
-    return tl.load(gq_ptr + (b.to(tl.int64) * Q + q) * tl.num_programs(1) + m, mask=live,
-                   other=0.0)
+    return tl.load(_query_max_ptrs(gq_ptr, b, q, m, Q), mask=live, other=0.0)
 
 
 @triton.jit
@@ -192,13 +192,14 @@ def grad_value_gather_kernel(
     W1 = tl.maximum(W, 1)
     y = (s - start) // W1
     x = (s - start) - y * W1
-    e, ok = _fixed_point_exponent(bound_ptr, b, m, ACC)
+    bound = _head_bound(bound_ptr, b, m)
+    e, ok = _fixed_point_exponent(bound, ACC)
     row_ok = rmask & ok & (W >= 1) & (y < H)
     head = (b.to(tl.int64) * tl.num_programs(1) + m) * CELLS
     go_base = _head_base(grad_out_ptr, b, m, stride_gob, stride_gom)
     dm = dmask[None, None, :]
     if gq_ptr is not None:
-        p = _head_unit(tl.load(_head_base(bound_ptr, b, m, tl.num_programs(1), 1)), Q_LOG2)
+        p = _head_unit(bound, Q_LOG2)
         units = tl.zeros([BLOCK_S], dtype=tl.int64)
         for dy in tl.static_range(2):
             lo, mid, n = _cell_pair(dy, lvl, y, x, W, row_ok, head, offsets_ptr, shapes_ptr,

@@ -29,10 +29,16 @@ def _exponent(x):
 
 
 @triton.jit
-def _fixed_point_exponent(bound_ptr, b, m, ACC: tl.constexpr):
-    """Head (b, m)'s fixed-point exponent e and whether it has one: bound_ptr
-    is a (B, M) float64 bound on |every partial sum| of grad_value[b, :, m, :]
-    (grid dim 1 is M).  e is the largest with bound * 2**e < 2**61, capped at
+def _head_bound(bound_ptr, b, m):
+    """Head (b, m)'s entry of the (B, M) float64 bound (grid dim 1 is M)."""
+    return tl.load(_head_base(bound_ptr, b, m, tl.num_programs(1), 1))
+
+
+@triton.jit
+def _fixed_point_exponent(bound, ACC: tl.constexpr):
+    """A head's fixed-point exponent e and whether it has one: bound is the
+    head's float64 bound on |every partial sum| of its grad_value
+    (_head_bound).  e is the largest with bound * 2**e < 2**61, capped at
     2 * (BIAS - 1): the scale is applied as two factors 2**(e // 2) and
     2**(e - e // 2), each with a normal inverse, so that a bound as small as
     ACC's subnormals still gets 61 bits.  ok is False, and e 0, where the
@@ -43,7 +49,7 @@ def _fixed_point_exponent(bound_ptr, b, m, ACC: tl.constexpr):
     # (its fp32 weight sums and the terms' roundings: ~L*K*2**-24), clear of
     # int64's 2**63.
     BITS: tl.constexpr = 61
-    ex = _exponent(tl.load(_head_base(bound_ptr, b, m, tl.num_programs(1), 1)))
+    ex = _exponent(bound)
     ok = ex <= BIAS
     return tl.where(ok, tl.minimum(BITS - ex, 2 * BIAS - 2), 0), ok
 
