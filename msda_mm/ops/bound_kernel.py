@@ -1,4 +1,4 @@
-"""The deterministic backward's fixed-point bound (launch.grad_value_bound)
+"""The deterministic backward's bound (launch.grad_value_bound)
 in one kernel: per query max_d |grad_output| * sum_{l,k} |weight| times Q,
 then its max over the queries by an integer atomic max on the float64 bits.
 
@@ -14,8 +14,8 @@ from .kernels import _chunk_points, _head_base, _point_ptrs, _program_tile, _row
 @triton.jit
 def _query_max_ptrs(gq_ptr, b, q, m, Q):
     """Pointers to queries q's entries of a (B, Q, M) array (grid dim 1 is M):
-    the per-query max |grad_output| the kernel below stores and the 16-bit
-    gather reads."""
+    the per-query max |grad_output| the kernel below stores and the gather
+    reads."""
     return gq_ptr + (b.to(tl.int64) * Q + q) * tl.num_programs(1) + m
 
 
@@ -32,7 +32,7 @@ def grad_value_bound_kernel(
     The max over d in MAX_TY (exact for go's dtype), the sum in SUM_TY (fp32
     at least: 16-bit sums could overflow), their product in float64 (exact
     for fp32 factors).  gq_ptr, unless None: each query's max_d |go| into a
-    (B, Q, M) array of MAX_TY (the 16-bit gather's per-query scale).
+    (B, Q, M) array of MAX_TY (the gather's per-query scale).
     Grid: (cdiv(Q, BLOCK_Q), M, B)."""
     b, m, q, qmask, offs_d, dmask = _program_tile(Q, D, BLOCK_Q, BLOCK_D)
     go = tl.load(_row_ptrs(_head_base(grad_out_ptr, b, m, stride_gob, stride_gom), q,

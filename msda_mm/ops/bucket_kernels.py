@@ -1,6 +1,7 @@
 """The deterministic backward's grad_value: samples sorted into buckets by
-cell, then gathered per value row, summed from integer terms in registers
-(int64 fixed point, or for 16-bit values integer-valued fp32: exact_sums.py).
+cell, then gathered per value row, summed from integer terms in registers at
+the row's own exponent (fixed_point.py: int64; for 16-bit values int32 sums
+of terms rounded in fp32, exact_sums.py).
 
 A live sample (b, q, m, l, k) (cells._cell) has its top-left bilinear
 corner (y0, x0) in [-1, H_l-1] x [-1, W_l-1]: its cell on level l's
@@ -13,7 +14,11 @@ location and weight gradients, an exclusive cumsum of the counts gives each
 bucket's first entry, bucket_fill_kernel writes each sample's
 record (its query, attention weight and bilinear fractions) to its entry.  The
 order inside a bucket varies run to run; the integer sums of
-grad_value_gather_kernel do not depend on it.
+grad_value_gather_kernel do not depend on it, nor does its first pass over a
+row's entries (a max and a count: the row's exponent).  That pass loads each
+entry's 16-byte record (32 for fp64) and its query's max |grad_output| (4 bytes,
+8 for fp64); the second loads both again and the query's grad_output row
+(D elements).
 
 Value row (y, x) of a level is corner 11 of cell (y-1, x-1), 10 of
 (y-1, x), 01 of (y, x-1) and 00 of (y, x): extended cells (y, x), (y, x+1),
@@ -25,8 +30,17 @@ import triton.language as tl
 
 from .bound_kernel import _query_max_ptrs
 from .cells import _ext_start, _sample_bucket, _sample_slot
-from .exact_sums import _head_unit, _integer_terms, _integers_to_float, _row_exponent, _row_units
-from .fixed_point import _fixed_point_exponent, _fixed_point_terms, _fixed_to_float, _head_bound
+from .exact_sums import SUM_BITS, TERM_BITS, _integer_terms
+from .fixed_point import (
+    FIXED_BITS,
+    NO_ENTRY,
+    _entry_exponent,
+    _fixed_point_terms,
+    _fixed_to_float,
+    _head_bound,
+    _head_ok,
+    _row_exponent,
+)
 from .kernels import (
     _bilinear_weight,
     _chunk_points,
@@ -154,20 +168,20 @@ def _entries(records_ptr, lo, mid, n, j0, bottom: tl.constexpr, BLOCK_E: tl.cons
 
 
 @triton.jit
-def _query_max(gq_ptr, b, m, q, live, Q):
-    """max_d |grad_output[b, q, m, :]| of the entries' queries, from the
-    bound kernel's (B, Q, M) fp32 array (grid dim 1 is M)."""
-    return tl.load(_query_max_ptrs(gq_ptr, b, q, m, Q), mask=live, other=0.0)
+def _query_max(gq_ptr, b, m, q, live, Q, ACC: tl.constexpr):
+    """max_d |grad_output[b, q, m, :]| of the entries' queries in ACC, from
+    the bound kernel's (B, Q, M) array (grid dim 1 is M); 0 where not live."""
+    return tl.load(_query_max_ptrs(gq_ptr, b, q, m, Q), mask=live, other=0.0).to(ACC)
 
 
 @triton.jit
 def grad_value_gather_kernel(
     grad_out_ptr, shapes_ptr, starts_ptr, bound_ptr, gq_ptr, offsets_ptr, records_ptr,
-    grad_value_ptr, Q, Q_LOG2, S, CELLS, D: tl.constexpr,
+    grad_value_ptr, Q, S, CELLS, D: tl.constexpr,
     stride_gob, stride_goq, stride_gom, stride_god,
     stride_gvb, stride_gvs, stride_gvm,
     L: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_E: tl.constexpr,
-    BLOCK_D: tl.constexpr, ACC: tl.constexpr,
+    BLOCK_D: tl.constexpr, ACC: tl.constexpr, FP32_TERMS: tl.constexpr,
 ):
     """grad_value (B, S, M, D), unit channel stride, every row written: for
     each of BLOCK_S value rows, the terms of the samples in the four cells
@@ -175,15 +189,17 @@ def grad_value_gather_kernel(
     the one corner weight of the row's role (from bucket_fill_kernel's
     records, contiguous in bucket order) times the query's grad_output row.
 
-    gq_ptr None (fp32 and fp64 values): the terms in int64 fixed point
-    (_fixed_point_terms), summed in int64 registers and converted once
-    (_fixed_to_float).  gq_ptr the queries' max_d |grad_output| (B, Q, M)
-    fp32 (16-bit values), Q_LOG2 = floor(log2 Q): a first pass over the entries gives each row its
-    exponent, the second sums integer-valued fp32 terms (exact_sums.py).
-    bound_ptr (B, M) float64 (see _fixed_point_exponent): a head without a
-    fixed point is NaN, its buckets unread.  Grid: (cdiv(S, BLOCK_S), M, B);
-    program 0 takes the last rows, the coarsest level's, whose buckets are
-    the fullest, so that the longest programs start first."""
+    Two passes over each row's entries (fixed_point.py): the first takes the
+    row's exponent from the largest |c| * g_q (gq_ptr: the queries' max_d
+    |grad_output|, (B, Q, M), fp32 or for fp64 grad_output fp64) and the
+    entries' count; the second sums the terms as integers, with FP32_TERMS
+    (16-bit values, fp32 ACC) rounded in one FFMA each and summed in int32
+    (exact_sums.py), else truncated from ACC and summed in int64
+    (_fixed_point_terms).  bound_ptr (B, M) float64: a head
+    whose bound says it could overflow (_head_ok) is NaN, its buckets unread.
+    Grid: (cdiv(S, BLOCK_S), M, B); program 0 takes the last rows, the
+    coarsest level's, whose buckets are the fullest, so that the longest
+    programs start first."""
     b, m, r, rmask, offs_d, dmask = _program_tile(S, D, BLOCK_S, BLOCK_D)
     s = S - 1 - r
     lvl, H, W, start = _row_levels(s, shapes_ptr, starts_ptr, L)
@@ -192,43 +208,41 @@ def grad_value_gather_kernel(
     W1 = tl.maximum(W, 1)
     y = (s - start) // W1
     x = (s - start) - y * W1
-    bound = _head_bound(bound_ptr, b, m)
-    e, ok = _fixed_point_exponent(bound, ACC)
+    ok = _head_ok(_head_bound(bound_ptr, b, m), ACC)
     row_ok = rmask & ok & (W >= 1) & (y < H)
     head = (b.to(tl.int64) * tl.num_programs(1) + m) * CELLS
     go_base = _head_base(grad_out_ptr, b, m, stride_gob, stride_gom)
     dm = dmask[None, None, :]
-    if gq_ptr is not None:
-        p = _head_unit(bound, Q_LOG2)
-        units = tl.zeros([BLOCK_S], dtype=tl.int64)
-        for dy in tl.static_range(2):
-            lo, mid, n = _cell_pair(dy, lvl, y, x, W, row_ok, head, offsets_ptr, shapes_ptr,
-                                    CELLS, L)
-            for j0 in range(0, tl.max(n, axis=0), BLOCK_E):
-                live, q, c = _entries(records_ptr, lo, mid, n, j0, dy == 0, BLOCK_E, ACC)
-                units += tl.sum(_row_units(c, _query_max(gq_ptr, b, m, q, live, Q), p), axis=1)
-        e = _row_exponent(units, p)
-        acc = tl.zeros([BLOCK_S, BLOCK_D], dtype=tl.float32)
+    X = tl.full([BLOCK_S], NO_ENTRY, tl.int32)
+    entries = tl.zeros([BLOCK_S], dtype=offsets_ptr.dtype.element_ty)
+    for dy in tl.static_range(2):
+        lo, mid, n = _cell_pair(dy, lvl, y, x, W, row_ok, head, offsets_ptr, shapes_ptr,
+                                CELLS, L)
+        entries += n
+        for j0 in range(0, tl.max(n, axis=0), BLOCK_E):
+            live, q, c = _entries(records_ptr, lo, mid, n, j0, dy == 0, BLOCK_E, ACC)
+            g = _query_max(gq_ptr, b, m, q, live, Q, ACC)
+            X = tl.maximum(X, tl.max(_entry_exponent(c, g, live), axis=1))
+    if FP32_TERMS:
+        e = _row_exponent(X, entries, TERM_BITS, SUM_BITS)
+        acc = tl.zeros([BLOCK_S, BLOCK_D], dtype=tl.int32)
     else:
+        e = _row_exponent(X, entries, FIXED_BITS, FIXED_BITS)
         acc = tl.zeros([BLOCK_S, BLOCK_D], dtype=tl.int64)
     for dy in tl.static_range(2):
         lo, mid, n = _cell_pair(dy, lvl, y, x, W, row_ok, head, offsets_ptr, shapes_ptr,
                                 CELLS, L)
         for j0 in range(0, tl.max(n, axis=0), BLOCK_E):
             live, q, c = _entries(records_ptr, lo, mid, n, j0, dy == 0, BLOCK_E, ACC)
+            g = _query_max(gq_ptr, b, m, q, live, Q, ACC)
             go = tl.load(go_base + q[:, :, None] * stride_goq
                          + (offs_d * stride_god)[None, None, :],
                          mask=live[:, :, None] & dm, other=0.0).to(ACC)
-            if gq_ptr is not None:
-                acc += tl.sum(_integer_terms(c, _query_max(gq_ptr, b, m, q, live, Q), go, e),
-                              axis=1)
+            if FP32_TERMS:
+                acc += tl.sum(_integer_terms(c, g, go, e), axis=1)
             else:
-                acc += tl.sum(_fixed_point_terms(c[:, :, None], go, e, ACC), axis=1)
-    ty: tl.constexpr = grad_value_ptr.dtype.element_ty
-    if gq_ptr is not None:
-        out = _integers_to_float(acc, e, ok, ty)
-    else:
-        out = _fixed_to_float(acc, e, ok, ty, ACC)
+                acc += tl.sum(_fixed_point_terms(c, g, go, e), axis=1)
+    out = _fixed_to_float(acc, e, ok, grad_value_ptr.dtype.element_ty, ACC)
     gv_base = _head_base(grad_value_ptr, b, m, stride_gvb, stride_gvm)
     tl.store(_row_ptrs(gv_base, s, stride_gvs, offs_d, 1), out,
              mask=rmask[:, None] & dmask[None, :])

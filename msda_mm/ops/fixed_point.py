@@ -1,10 +1,34 @@
-"""The deterministic backward's int64 fixed point (kernels.py's module
-docstring): the exponent per (batch, head) from its bound, the terms as
-integers, and the sums back to a float."""
+"""The deterministic backward's fixed point, one exponent per value row
+(bucket_kernels.grad_value_gather_kernel): each of a row's n entries adds
+c * go (c its corner weight, go its query's grad_output row) times 2**e,
+rounded to an integer, and the integers are summed exactly, so that their
+order does not matter; the sum times 2**-e is rounded once to value's dtype.
+
+The gather's first pass over a row's entries takes n and X, the largest
+_entry_exponent (|c| * g_q < 2**X, g_q = max_d |grad_output| of the entry's
+query, which the bound kernel stores): a max, exact and order-free.  With
+n < 2**N, e = T - X (_row_exponent) puts every term under 2**T and every
+partial sum under n * 2**T <= 2**B: fp32 and fp64 values truncate their
+terms in ACC and sum them in int64 (B = 63, T = 63 - N: 63 - N bits of the
+row's own largest term, whatever the head's other rows hold); 16-bit values
+round theirs in one FFMA and sum them in int32 (exact_sums.py).  The scale is
+applied as c * 2**(e + k_q) and go * 2**-k_q (_scaled_factors, g_q < 2**k_q):
+neither overflows, and one is subnormal only in a term under 2**-62, which
+is 0 either way.  A head whose bound (launch.grad_value_bound) is inf, NaN or
+2**BIAS or more, where a sum could overflow ACC, gets NaN (_head_ok)."""
 import triton
 import triton.language as tl
 
 from .kernels import _head_base
+
+# A row's int64 sum stays under 2**FIXED_BITS.
+FIXED_BITS = tl.constexpr(63)
+# X of a row without entries: below every entry's (>= -2044, fp64's smallest).
+NO_ENTRY = tl.constexpr(-(2**14))
+# Scaled weights past this belong to queries without gradient (g_q = 0, where
+# nothing bounds c): finite, so that c * 0 stays 0.  Every other one is under
+# 2**115 (_scaled_factors) and any product with a factor < 4 stays finite in fp32.
+C_MAX = tl.constexpr(2.0**120)
 
 
 @triton.jit
@@ -20,12 +44,74 @@ def _pow2(e, ACC: tl.constexpr):
 @triton.jit
 def _exponent(x):
     """ex (int32) with x < 2**ex for every float x >= 0 (fp32 or fp64), from
-    its exponent field: 0 and subnormals get the smallest normal exponent
-    plus 1, inf and NaN the largest plus 2."""
+    its exponent field: 0 and subnormals get 1 - BIAS (the smallest normal
+    exponent), inf and NaN BIAS + 2."""
     if x.dtype == tl.float64:
         return (((x.to(tl.int64, bitcast=True) >> 52) & 2047) - 1022).to(tl.int32)
     else:
         return ((x.to(tl.int32, bitcast=True) >> 23) & 255) - 126
+
+
+@triton.jit
+def _times_pow2(v, k):
+    """v (fp32 or fp64) * 2**k, k (int32) clamped to [2 - 2 BIAS, 2 BIAS] and
+    applied as two normal factors: exact unless the result is subnormal.  The
+    kernels' k lie inside the clamp wherever the result can be nonzero."""
+    LIMIT: tl.constexpr = 1022 if v.dtype == tl.float64 else 126
+    k = tl.minimum(tl.maximum(k, -2 * LIMIT), 2 * LIMIT + 2)
+    half = k >> 1
+    return v * _pow2(half, v.dtype) * _pow2(k - half, v.dtype)
+
+
+@triton.jit
+def _query_exponent(g):
+    """k_q with g < 2**k_q for g >= 0, clamped to [1 - BIAS, BIAS - 1] so that
+    2**-k_q is normal: g * 2**-k_q < 1 (< 4 at the upper clamp)."""
+    LIMIT: tl.constexpr = 1022 if g.dtype == tl.float64 else 126
+    return tl.minimum(tl.maximum(_exponent(g), -LIMIT), LIMIT)
+
+
+@triton.jit
+def _entry_exponent(c, g, live):
+    """X (int32) with |c| * g < 2**X for each live entry (corner weight c, its
+    query's g, both ACC), NO_ENTRY where not live: the exponent of the
+    rounded |c| * (g * 2**-k_q), which bounds the exact product (rounding is
+    monotone), plus k_q.  Neither factor overflows in a head with a bound."""
+    kq = _query_exponent(g)
+    return tl.where(live, _exponent(tl.abs(c) * (g * _pow2(-kq, g.dtype))) + kq, NO_ENTRY)
+
+
+@triton.jit
+def _scaled_factors(c, g, go, e):
+    """c * 2**(e + k_q) ([BLOCK_S, BLOCK_E, 1]) and go * 2**-k_q ([BLOCK_S,
+    BLOCK_E, BLOCK_D]), whose product is each term times 2**e: c [BLOCK_S,
+    BLOCK_E] with its queries' g, go [BLOCK_S, BLOCK_E, BLOCK_D], e [BLOCK_S].
+    For e = T - X, |c| * 2**(e + k_q) < 2**(T + 1) where g >= 2**(k_q - 1), and
+    2**(T + 53) for subnormal g: under 2**115 (C_MAX bounds the queries with
+    g = 0)."""
+    kq = _query_exponent(g)
+    cs = _times_pow2(c, e[:, None] + kq)
+    cs = tl.minimum(tl.maximum(cs, -C_MAX), C_MAX)
+    return cs[:, :, None], go * _pow2(-kq, g.dtype)[:, :, None]
+
+
+@triton.jit
+def _row_exponent(X, n, TERM_BITS: tl.constexpr, SUM_BITS: tl.constexpr):
+    """e (int32) for a row of n entries whose terms are each under 2**X: every
+    term times 2**e is under 2**T, T = min(TERM_BITS, SUM_BITS - N) with
+    n < 2**N, so that, rounded or truncated to integers |t| <= 2**T, every
+    partial sum of them is at most n * 2**T < 2**SUM_BITS."""
+    N = _exponent(tl.maximum(n, 1).to(tl.float32))
+    # The tensor first: the interpreter keeps constexpr - tensor a constexpr.
+    return tl.minimum(-N + SUM_BITS, TERM_BITS) - X
+
+
+@triton.jit
+def _fixed_point_terms(c, g, go, e):
+    """c * go * 2**e truncated to integers (int64), for _row_exponent's e with
+    FIXED_BITS (shapes as _scaled_factors)."""
+    cs, gos = _scaled_factors(c, g, go, e)
+    return (cs * gos).to(tl.int64)
 
 
 @triton.jit
@@ -35,32 +121,12 @@ def _head_bound(bound_ptr, b, m):
 
 
 @triton.jit
-def _fixed_point_exponent(bound, ACC: tl.constexpr):
-    """A head's fixed-point exponent e and whether it has one: bound is the
-    head's float64 bound on |every partial sum| of its grad_value
-    (_head_bound).  e is the largest with bound * 2**e < 2**61, capped at
-    2 * (BIAS - 1): the scale is applied as two factors 2**(e // 2) and
-    2**(e - e // 2), each with a normal inverse, so that a bound as small as
-    ACC's subnormals still gets 61 bits.  ok is False, and e 0, where the
-    bound is inf, NaN or 2**BIAS or more (a term or the result could
-    overflow ACC): that head's grad_value is NaN."""
+def _head_ok(bound, ACC: tl.constexpr):
+    """Whether the head has a result: its float64 bound on |every partial
+    sum| below 2**BIAS (not inf or NaN), so that no term, sum or result
+    overflows ACC."""
     BIAS: tl.constexpr = 1023 if ACC == tl.float64 else 127
-    # The sums then stay under 2**62 while the bound is less than 2x short
-    # (its fp32 weight sums and the terms' roundings: ~L*K*2**-24), clear of
-    # int64's 2**63.
-    BITS: tl.constexpr = 61
-    ex = _exponent(bound)
-    ok = ex <= BIAS
-    return tl.where(ok, tl.minimum(BITS - ex, 2 * BIAS - 2), 0), ok
-
-
-@triton.jit
-def _fixed_point_terms(c, go, e, ACC: tl.constexpr):
-    """What the deterministic gather sums: c * go * 2**e truncated to an
-    integer (int64), 2**e applied as two factors (see _fixed_point_exponent),
-    both exact."""
-    half = e >> 1
-    return (c * go * _pow2(half, ACC) * _pow2(e - half, ACC)).to(tl.int64)
+    return _exponent(bound) <= BIAS
 
 
 @triton.jit
@@ -78,10 +144,8 @@ def _round_to(x, ty: tl.constexpr):
 
 @triton.jit
 def _fixed_to_float(acc, e, ok, ty: tl.constexpr, ACC: tl.constexpr):
-    """Fixed-point sums acc (int64) at exponent e as ty: acc * 2**-e, NaN
-    where the head has no fixed point (ok False).  Two factors, as in
-    _fixed_point_terms: exact, so that only the int64 -> ACC conversion rounds
-    (and a subnormal result)."""
-    half = e >> 1
-    out = acc.to(ACC) * _pow2(-half, ACC) * _pow2(half - e, ACC)
+    """The rows' int64 sums acc ([BLOCK_S, BLOCK_D]) at exponents e ([BLOCK_S])
+    as ty: acc * 2**-e, NaN where the head has no result (ok False).  Only the
+    int64 -> ACC conversion rounds, then the store's (and a subnormal result)."""
+    out = _times_pow2(acc.to(ACC), -e[:, None])
     return _round_to(tl.where(ok, out, float("nan")), ty)

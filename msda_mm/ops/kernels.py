@@ -21,14 +21,13 @@ grad_attn as in the default backward, bitwise; it also ranks each sample in
 its cell's bucket), then the rest of bucket_kernels.py's counting sort of the
 samples by cell and a gather per value row, which sums
 grad_value from integer terms: integer addition is associative, so the order
-of the samples no longer matters, and no atomic touches grad_value.  fp32
-and fp64 values: each term c * go is scaled by 2**e, a power of two per
-(batch, head) taken on the device from a bound on the head's partial sums
-(launch.grad_value_bound: bound * 2**e < 2**61, so no sum reaches int64's
-2**63), truncated to an integer and summed in int64 registers; each sum is
-scaled back by 2**-e and rounded once (fixed_point.py).  fp16 and bf16
-values: per row an exponent from a first pass over its entries, then terms
-rounded to integers that fp32 adds exactly (exact_sums.py).
+of the samples no longer matters, and no atomic touches grad_value.  Each
+row's terms c * go are scaled by 2**e, a power of two the gather takes from
+a first pass over the row's entries (its largest |c| * max_d |go|, a max),
+rounded to integers and summed in int64 registers (fp32, fp64 values) or
+int32 (fp16, bf16: terms rounded in one FFMA), with no sum past the
+register's range; each sum is scaled back by 2**-e and rounded once
+(fixed_point.py, exact_sums.py).
 
 Offsets into value/grad_value/output are int64 so tensors past 2**31
 elements work.  Level shapes and start offsets are read on the device: no

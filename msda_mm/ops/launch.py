@@ -100,9 +100,9 @@ def _tile(kernel: str, value: torch.Tensor, points: int, rows: int,
     tuned = block_q * block_p * 32
     block_q = max(1, tuned // (block_p * block_d))
     if kernel == "gather" and value.element_size() == 2:
-        # Its two passes keep each row's cell ranges, units and exponent in every thread (a
-        # warp's threads share the rows): past D = 32 the rows shrink with D once more (sm_80
-        # spilled 1 register at D = 64 with 16 rows; research/compile_check.py).
+        # Its passes keep each row's cell ranges, largest exponent and entry count in every
+        # thread (a warp's threads share the rows): past D = 32 the rows shrink with D once
+        # more (sm_90 at D = 64: 80 registers, against 144 with 16 rows; research/compile_check.py).
         block_q = max(1, block_q * 32 // max(block_d, 32))
     num_warps = min(8, max(num_warps, num_warps * block_q * block_p * block_d // (2 * tuned)))
     return dict(BLOCK_Q=block_q, BLOCK_P=block_p, BLOCK_D=block_d, num_warps=num_warps)
@@ -263,10 +263,12 @@ def grad_value_bound(go: torch.Tensor, attention_weights: torch.Tensor,
     max_d |go[b, q, m, d]| * sum_{l,k} |w[b, q, m, l, k]| to any element; Q
     times the largest of those bounds every sum.  A max rather than the sum
     over the queries (looser by the largest query's bound over the mean one,
-    about 2x for random grad_output), so that the bound, and with it the fixed
-    point, is the same whatever the queries' order.  inf or NaN in go or the
-    weights make it inf or NaN.  ``query_max``, a (B, Q, M) fp32 tensor for
-    16-bit ``go``: also each query's max_d |go[b, q, m, d]|."""
+    about 2x for random grad_output), so that the bound, which decides whether
+    the head gets a result (fixed_point._head_ok), is the same whatever the
+    queries' order.  inf or NaN in go or the weights make it inf or NaN.
+    ``query_max``, a (B, Q, M) tensor (fp32; fp64 for fp64 ``go``): also each
+    query's max_d |go[b, q, m, d]|, from which the gather takes each value
+    row's exponent."""
     B, Q, M, D = go.shape
     _, _, _, L, K = attention_weights.shape
     bound = torch.zeros(B, M, device=go.device, dtype=torch.float64)
@@ -343,13 +345,13 @@ def _deterministic_grad_value(go, value, spatial_shapes, level_start_index, samp
                               attention_weights, sort: SortBuffers, acc_dtype) -> torch.Tensor:
     """grad_value in value's dtype, without atomics: the samples bucketed by
     cell (msda_bwd_kernel ranked them into ``sort``), then gathered per value
-    row (bucket_kernels.py) and summed in int64 fixed point, or for 16-bit
-    values (fp32 arithmetic) in fp32 from integer-valued terms (exact_sums.py)."""
+    row (bucket_kernels.py) and summed as integers at the row's own exponent
+    (fixed_point.py: int64; 16-bit values int32 from terms rounded in fp32,
+    exact_sums.py)."""
     B, S, M, D = value.shape
     _, Q, _, L, K, _ = sampling_locations.shape
-    query_max = None
-    if value.element_size() == 2 and acc_dtype is tl.float32:
-        query_max = torch.empty(B, Q, M, device=value.device, dtype=torch.float32)
+    query_max = torch.empty(B, Q, M, device=value.device,
+                            dtype=torch.float64 if go.dtype == torch.float64 else torch.float32)
     bound = grad_value_bound(go, attention_weights, query_max)
     offsets, records = bucket_records(value, spatial_shapes, sampling_locations,
                                       attention_weights, sort, acc_dtype)
@@ -359,10 +361,11 @@ def _deterministic_grad_value(go, value, spatial_shapes, level_start_index, samp
     with _device_guard(value):
         grad_value_gather_kernel[_grid(value, S, tile["BLOCK_Q"])](
             go, spatial_shapes, level_start_index, bound, query_max, offsets, records,
-            grad_value, Q, Q.bit_length() - 1, S, sort.cells, D, *go.stride(),
-            *grad_value.stride()[:3],
+            grad_value, Q, S, sort.cells, D, *go.stride(), *grad_value.stride()[:3],
             L=L, BLOCK_S=tile["BLOCK_Q"], BLOCK_E=tile["BLOCK_P"],
-            BLOCK_D=tile["BLOCK_D"], ACC=acc_dtype, num_warps=tile["num_warps"])
+            BLOCK_D=tile["BLOCK_D"], ACC=acc_dtype,
+            FP32_TERMS=value.element_size() == 2 and acc_dtype is tl.float32,
+            num_warps=tile["num_warps"])
     return grad_value
 
 
@@ -458,10 +461,10 @@ def msda_backward(grad_output, value, spatial_shapes, level_start_index, samplin
 
     fp32_grad_accum: accumulate grad_value in an fp32 scratch buffer and
     round once at the end instead of atomically adding in value's dtype.
-    deterministic: sum grad_value in int64 fixed point instead, gathered
-    per value row without atomics (fp32_grad_accum is then unused):
-    bitwise the same every run (see bucket_kernels.py and
-    docs/determinism.md).
+    deterministic: sum grad_value in fixed point instead, integers at each
+    value row's own exponent, gathered per value row without atomics
+    (fp32_grad_accum is then unused): bitwise the same every run (see
+    bucket_kernels.py and docs/determinism.md).
     softmax: attention_weights are logits (msda_forward's ``softmax``) and
     grad_attn is their gradient, taken in the same kernel; not with
     ``deterministic``, whose grad_value takes the weights themselves (msda.py

@@ -14,7 +14,7 @@ Determinism: the forward has no atomics.  By default the Triton backward
 sums grad_value with float atomic adds (the order, and so the rounding,
 varies run to run); with ``deterministic=True`` or under
 ``torch.use_deterministic_algorithms(True)`` it sums it without atomics, in
-int64 fixed point per value row, which gives bitwise-identical gradients
+fixed point per value row, which gives bitwise-identical gradients
 every run (docs/determinism.md).
 """
 from __future__ import annotations
@@ -93,7 +93,7 @@ def _alert_nondeterministic() -> None:
     if torch.is_deterministic_algorithms_warn_only_enabled():
         warnings.warn(msg + " with warn_only=True.", stacklevel=3)
     else:
-        raise RuntimeError(msg + ". Use deterministic=None or True (int64 fixed-point "
+        raise RuntimeError(msg + ". Use deterministic=None or True (fixed-point "
                            "accumulation), or warn_only=True.")
 
 
@@ -279,7 +279,7 @@ def multi_scale_deformable_attention(
             value's dtype with native atomics (False), or choose from the
             device (None): fp32 only for bf16 below compute capability 9.0.
             Unused by the deterministic backward.
-        deterministic: sum grad_value in int64 fixed point (True), so that
+        deterministic: sum grad_value in fixed point (True), so that
             the backward gives bitwise-identical gradients run to run (same
             inputs, device model, msda_mm and Triton versions); with float
             atomic adds (False: raises under
@@ -287,8 +287,8 @@ def multi_scale_deformable_attention(
             ``warn_only=True``); or as
             ``torch.are_deterministic_algorithms_enabled()`` says when the
             backward runs (None).  The fixed point's scale is a power of two
-            per (batch, head), from a bound on that head's sums taken on the
-            device: grad_value is at least as accurate as with
+            per value row, from its own largest term taken on the device:
+            grad_value is at least as accurate as with
             fp32_grad_accum=True, and NaN throughout a head whose
             grad_output or attention_weights hold inf or NaN (or whose bound
             passes 2**127, 2**1023 for fp64 inputs).  The cost: the

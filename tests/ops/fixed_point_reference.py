@@ -1,12 +1,17 @@
-"""The deterministic backward's grad_value in PyTorch ops: the same fixed
-point (int64, or for 16-bit values the rows' integer-valued fp32 sums), the
-same fp operations in the same order, so that on the CPU (the interpreter,
-whose numpy fp32 ops round as PyTorch's) it is bitwise the kernels' result."""
+"""The deterministic backward's grad_value in PyTorch ops: the same per-row
+fixed point (fixed_point.py, and exact_sums.py's terms for 16-bit values),
+the same fp operations in the same order, so that on the CPU (the
+interpreter, whose numpy fp32 ops round as PyTorch's) it is bitwise the
+kernels' result."""
 from __future__ import annotations
 
 import torch
 
 from msda_mm.ops import launch
+
+MAGIC = 1.5 * 2**23
+C_MAX = 2.0**120
+NO_ENTRY = -(2**14)
 
 
 def _exponent(x: torch.Tensor) -> torch.Tensor:
@@ -16,17 +21,21 @@ def _exponent(x: torch.Tensor) -> torch.Tensor:
     return (((x.view(torch.int32) >> 23) & 255) - 126).long()
 
 
-def fixed_point_exponent(bound: torch.Tensor, acc: torch.dtype):
-    """(e, ok) per head as fixed_point._fixed_point_exponent: the largest e with
-    bound * 2**e < 2**61, capped at 2 * (bias - 1); ok False past 2**bias."""
-    bias = 1023 if acc == torch.float64 else 127
-    ex = _exponent(bound)
-    ok = ex <= bias
-    return torch.where(ok, torch.clamp(61 - ex, max=2 * bias - 2), 0), ok
-
-
 def _pow2(e: torch.Tensor, acc: torch.dtype) -> torch.Tensor:
     return torch.pow(2.0, e.double()).to(acc)  # exact: e is in acc's normal range
+
+
+def _limit(acc: torch.dtype) -> int:
+    """The largest |k| of a normal 2**-k: 126 (fp32), 1022 (fp64)."""
+    return 1022 if acc == torch.float64 else 126
+
+
+def _times_pow2(v: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """fixed_point._times_pow2: v * 2**k, k clamped to [-2 limit, 2 limit + 2],
+    as two factors."""
+    k = k.clamp(-2 * _limit(v.dtype), 2 * _limit(v.dtype) + 2)
+    half = k >> 1
+    return v * _pow2(half, v.dtype) * _pow2(k - half, v.dtype)
 
 
 def _corners(spatial_shapes, loc, attn, acc, S):
@@ -62,71 +71,50 @@ def _scatter(shape, rows, terms):
     return sums
 
 
+def _row_max(shape, rows, values):
+    """Per row of a (B, S + 1, M) NO_ENTRY tensor the largest of values
+    (B, Q, M, K) that rows (B, Q, M, K) send there."""
+    B, S1, M = shape
+    flat = (torch.arange(B)[:, None, None, None] * S1 + rows) * M + torch.arange(M)[:, None]
+    out = torch.full(shape, NO_ENTRY, dtype=torch.int64)
+    out.view(-1).scatter_reduce_(0, flat.flatten(), values.flatten(), "amax")
+    return out
+
+
 def fixed_point_grad_value(value, spatial_shapes, loc, attn, grad_out) -> torch.Tensor:
-    """grad_value (B, S, M, D) in value's dtype, as the kernels make it:
-    exact_sums_grad_value for 16-bit values with fp32 arithmetic; otherwise
-    every live sample's four corner terms c * go * 2**e truncated to int64,
-    summed exactly, times 2**-e and rounded once; NaN in heads without a
-    fixed point."""
+    """grad_value (B, S, M, D) in value's dtype, as the kernels make it: per
+    row X, the largest exponent of |c| * g_q (g_q * 2**-k_q first) plus k_q
+    over its n < 2**N entries; for 16-bit values with fp32 arithmetic
+    e = min(22, 31 - N) - X and the terms fma(c * 2**(e+k), go * 2**-k, MAGIC)
+    - MAGIC (the interpreter's fma: a product and a sum, each rounded),
+    otherwise e = 63 - N - X and the same product truncated; the integers
+    summed exactly, times 2**-e, rounded once; NaN in heads whose bound
+    reaches 2**bias."""
     B, S, M, D = value.shape
     acc = torch.float64 if torch.float64 in (value.dtype, loc.dtype, attn.dtype) else torch.float32
-    if value.element_size() == 2 and acc == torch.float32:
-        return exact_sums_grad_value(value, spatial_shapes, loc, attn, grad_out)
+    fp32_terms = value.element_size() == 2 and acc == torch.float32
     go = grad_out.unflatten(-1, (M, D))
-    e, ok = fixed_point_exponent(launch.grad_value_bound(go, attn), acc)
-    half = e >> 1
-    # 2**e as two factors, per (b, m), broadcast over (Q, K, D).
-    up = [_pow2(p, acc)[:, None, :, None, None] for p in (half, e - half)]
-    sums = 0
-    for c, row in _corners(spatial_shapes, loc, attn, acc, S):
-        terms = (c[..., None] * go[:, :, :, None, :].to(acc) * up[0] * up[1]).to(torch.int64)
-        sums = sums + _scatter((B, S + 1, M, D), row, terms)
-    down = [_pow2(p, acc)[:, None, :, None] for p in (-half, half - e)]
-    out = sums[:, :S].to(acc) * down[0] * down[1]
-    return torch.where(ok[:, None, :, None], out, float("nan")).to(value.dtype)
-
-
-def _times_pow2(v: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
-    """exact_sums._times_pow2: v * 2**k, k clamped to [-252, 254], two factors."""
-    k = k.clamp(-252, 254)
-    half = k >> 1
-    return v * _pow2(half, torch.float32) * _pow2(k - half, torch.float32)
-
-
-def _scaled_weight(c, kq, shift):
-    return _times_pow2(c, shift + kq).clamp(-2.0**64, 2.0**64)
-
-
-def exact_sums_grad_value(value, spatial_shapes, loc, attn, grad_out) -> torch.Tensor:
-    """grad_value of 16-bit values (exact_sums.py): per row the units
-    u = ceil(|c| * g_q * 2**(20-p) * (1 + 2**-22)) summed in int64 give its
-    exponent e; the terms fma(c * 2**(e+k), go * 2**-k, MAGIC) - MAGIC (as the
-    interpreter computes an fma: a product and a sum, each rounded) summed
-    exactly, times 2**-e, rounded once to value's dtype."""
-    B, S, M, D = value.shape
-    Q = loc.shape[1]
-    go = grad_out.unflatten(-1, (M, D))
-    bound = launch.grad_value_bound(go, attn)
-    ok = _exponent(bound) <= 127
-    p = (_exponent(bound) - (Q.bit_length() - 1)).clamp(-300, 130)[:, None, :, None]
-    go = go.float()
+    ok = _exponent(launch.grad_value_bound(go, attn)) <= (1023 if acc == torch.float64 else 127)
+    go = go.to(acc)
     g = go.abs().amax(-1)
-    kq = _exponent(g).clamp(-126, 126)[..., None]  # (B, Q, M, 1): per query, over K
-    gs = g[..., None] * _pow2(-kq, torch.float32)
-    corners = list(_corners(spatial_shapes, loc, attn, torch.float32, S))
-    units = 0
+    kq = _exponent(g).clamp(-_limit(acc), _limit(acc))[..., None]  # (B, Q, M, 1): over K
+    gs = g[..., None] * _pow2(-kq, acc)
+    corners = list(_corners(spatial_shapes, loc, attn, acc, S))
+    X = torch.full((B, S + 1, M), NO_ENTRY, dtype=torch.int64)
+    n = 0
     for c, row in corners:
-        u = torch.ceil(_scaled_weight(c.abs(), kq, 20 - p) * gs * (1.0 + 2.0**-22))
-        units = units + _scatter((B, S + 1, M), row, u.long())
-    n = _exponent(units.clamp(min=1).float())
-    e = (42 - n - p[:, :, :, 0]).clamp(max=252)  # (B, S + 1, M)
-    magic = 1.5 * 2**23
-    gos = go * _pow2(-kq, torch.float32)  # (B, Q, M, D)
+        X = torch.maximum(X, _row_max(X.shape, row, _exponent(c.abs() * gs) + kq))
+        n = n + _scatter((B, S + 1, M), row, torch.ones_like(row))
+    N = _exponent(n.clamp(min=1).float())
+    e = ((31 - N).clamp(max=22) if fp32_terms else 63 - N) - X
+    gos = go * _pow2(-kq, acc)  # (B, Q, M, D)
     sums = 0
     for c, row in corners:
         e_row = e[torch.arange(B)[:, None, None, None], row, torch.arange(M)[None, None, :, None]]
-        cs = _scaled_weight(c, kq, e_row)
-        t = cs[..., None] * gos[:, :, :, None, :] + magic - magic
+        cs = _times_pow2(c, e_row + kq).clamp(-C_MAX, C_MAX)
+        t = cs[..., None] * gos[:, :, :, None, :]
+        if fp32_terms:
+            t = t + MAGIC - MAGIC
         sums = sums + _scatter((B, S + 1, M, D), row, t.long())
-    out = _times_pow2(sums[:, :S].float(), -e[:, :S, :, None])
+    out = _times_pow2(sums[:, :S].to(acc), -e[:, :S, :, None])
     return torch.where(ok[:, None, :, None], out, float("nan")).to(value.dtype)

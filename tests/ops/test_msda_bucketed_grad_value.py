@@ -36,8 +36,9 @@ def _check(args, seed=0):
     torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)
     f64 = {k: (v.double() if k in FLOAT_INPUTS else v) for k, v in args.items()}
     truth = run_op(f64, fn=reference_fn, grad_out=g.double())[1]["value"]
-    # The existing accuracy floor (msda_inputs.FLOOR): the fixed point adds
-    # under 2**-61 of the bound a term to the fp32 set-up's and the store's roundings.
+    # The existing accuracy floor (msda_inputs.FLOOR): each term loses at most
+    # 2**(N-61) of its row's largest |c| * g_q (n < 2**N entries; 16-bit values
+    # 2**-22) besides the fp32 set-up's and the store's roundings.
     assert rel_err(got, truth) <= FLOOR[args["value"].dtype]
     return got
 
@@ -146,8 +147,8 @@ def test_bucket_counts_are_the_histogram_of_the_cells(monkeypatch):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_gather_tiles_leave_grad_value_bitwise_unchanged(dtype):
-    # Other rows a program, entries a step and sum trees (16-bit: fp32 sums
-    # of integers, int64 units).
+    # Other rows a program, entries a step and sum trees (16-bit: int32
+    # sums a step, int64 across steps).
     args = _inputs(dtype, seed=5, lo=0.3, hi=0.7)
     g = torch.randn(2, 6, 8, generator=torch.Generator().manual_seed(5)).to(dtype)
     first = _grad_value(args, g)
@@ -172,3 +173,19 @@ def test_shapes_that_disagree_with_value_stay_in_bounds(shapes):
     if shapes[1][0] < 100:  # no wrapped index: the float backward's sums, rows past S dropped
         default = launch.msda_backward(grad_out, value, shapes_t, starts, loc, attn, True)[0]
         torch.testing.assert_close(det, default)
+
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_a_row_of_520_equal_largest_terms_sums_exactly(dtype):
+    # The int32 sums' worst case: 260 queries x 2 points at pixel (1, 2)'s
+    # centre (corner weight 1, the other corners 0) and grad_output 1 - 2**-8
+    # throughout, so that all 520 terms of the row are its largest, of one sign.
+    args = make_inputs(B=1, Q=260, M=1, D=4, shapes=((4, 5),), K=2, dtype=dtype, seed=8)[0]
+    args["sampling_locations"][..., 0], args["sampling_locations"][..., 1] = 0.5, 0.375
+    args["attention_weights"].fill_(1.0)
+    g = torch.full((1, 260, 4), 1 - 2.0**-8, dtype=dtype)
+    got = _grad_value(args, g)
+    want = torch.zeros_like(got)
+    want[0, 1 * 5 + 2] = 520 * (1 - 2.0**-8)  # rounded to dtype as the kernel's one rounding
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
