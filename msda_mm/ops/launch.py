@@ -34,9 +34,9 @@ def interpreter_enabled() -> bool:
 _TILES = {("fwd", 4): (2, 1, 16), ("fwd", 2): (2, 1, 16),
           ("bwd", 4): (1, 1, 8), ("bwd", 2): (1, 1, 16),
           # grad_value_gather_kernel's (BLOCK_S rows, num_warps, BLOCK_E entries a step) for
-          # dense rows (_GATHER_SPARSE), the best of 6: bf16 encoder 1685.7 us at (2, 1, 16)
-          # against 1767.4 at (1, 1, 16), fp32 1788.7 at (2, 1, 8) against 1921.8 at (1, 1, 32).
-          ("gather", 4): (2, 1, 8), ("gather", 2): (2, 1, 16)}
+          # dense rows (_GATHER_SPARSE), the best of 8 on the encoder's backward: bf16 1274.9 us
+          # at (2, 1, 16), 1345.6 at (2, 1, 32); fp32 1502.8 at (2, 1, 16), 1852.0 at (2, 1, 8).
+          ("gather", 4): (2, 1, 16), ("gather", 2): (2, 1, 16)}
 # Below this many entries a value row (4 * Q * L*K / S: decoder 0.9, encoder 64) the gather
 # takes many rows a program: one-entry rows make the grid the cost (fp32 decoder 120.0 us at
 # (32, 1, 1) against 146.3 at (8, 1, 2); bf16 111.6 against 122.7).

@@ -113,7 +113,7 @@ def test_gather_tile_follows_the_entries_per_value_row(Q, S, want):
     tile = launch._tile("gather", value, Q * 16, 2 * S * 8)
     assert (tile["BLOCK_Q"], tile["num_warps"], tile["BLOCK_P"]) == want
     fp32 = launch._tile("gather", value.float(), Q * 16, 2 * S * 8)
-    assert (fp32["BLOCK_Q"], fp32["BLOCK_P"]) == ((32, 1) if want[0] == 32 else (2, 8))
+    assert (fp32["BLOCK_Q"], fp32["BLOCK_P"]) == ((32, 1) if want[0] == 32 else (2, 16))
     with launch.tile_override(gather=(4, 2, 4)):
         tile = launch._tile("gather", value, Q * 16, 2 * S * 8)
         assert (tile["BLOCK_Q"], tile["num_warps"], tile["BLOCK_P"]) == (4, 2, 4)

@@ -1,0 +1,144 @@
+"""The deterministic backward against the default one, kernel by kernel.
+
+    python research/deterministic_split.py [--presets decoder,dino_decoder,encoder]
+        [--dtypes bf16,fp32] [--distributions uniform,clustered]
+        [--gather-tiles 2x1x16 1x1x32 ...] [--out benchmarks]
+
+For each preset, dtype and location distribution, in one process: the
+default backward (float atomics, the op's own accumulation) and the
+deterministic backward with the launcher's tiles and with each of
+--gather-tiles (grad_value_gather_kernel's BLOCK_SxWARPSxBLOCK_E), timed as
+the benchmark times (graph_us: CUDA-graph replay of one backward after an
+L2 flush, median), their grad_value compared bit for bit, and the kernels
+of the default and the deterministic backward (kernels_us: CUPTI, each
+kernel's median duration a call, the L2 flush's fill included).  Writes
+<out>/<device-slug>-deterministic-split.json and prints a table.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+
+# Runs as `python research/deterministic_gathers.py` from a checkout, installed or not.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+from msda_mm.bench.cli import names  # noqa: E402
+from msda_mm.bench.inputs import DISTRIBUTIONS, make_inputs  # noqa: E402
+from msda_mm.bench.presets import PRESETS  # noqa: E402
+from msda_mm.bench.report import write_results  # noqa: E402
+from msda_mm.bench.run import DTYPES  # noqa: E402
+from msda_mm.bench.timing import flush_l2, graph_times_us  # noqa: E402
+from msda_mm.ops import launch  # noqa: E402
+from msda_mm.ops.msda import resolve_fp32_grad_accum  # noqa: E402
+
+
+def _tile(text: str) -> tuple[int, int, int]:
+    try:
+        tile = tuple(int(n) for n in text.split("x"))
+        if len(tile) != 3 or min(tile) < 1:
+            raise ValueError
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: expected BLOCK_SxWARPSxBLOCK_E, e.g. 2x1x16") from None
+    return tile
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--presets", type=names(PRESETS),
+                        default=("decoder", "dino_decoder", "encoder"))
+    parser.add_argument("--dtypes", type=names(DTYPES), default=("bf16", "fp32"))
+    parser.add_argument("--distributions", type=names(DISTRIBUTIONS),
+                        default=DISTRIBUTIONS)
+    parser.add_argument("--gather-tiles", type=_tile, nargs="*", default=[],
+                        help="gather tiles to time besides the launcher's")
+    parser.add_argument("--budget-ms", type=float, default=300.0,
+                        help="time spent repeating each timed call (default 300)")
+    parser.add_argument("--kernel-reps", type=int, default=10)
+    parser.add_argument("--out", type=Path, default=Path("benchmarks"))
+    return parser.parse_args(argv)
+
+
+def kernel_split_us(fn, device: torch.device, reps: int) -> dict[str, float]:
+    """Each kernel's median duration (us) over ``reps`` calls of ``fn``, each
+    after an L2 flush (CUPTI through torch.profiler), keyed by kernel name;
+    the flush's own fill (at::native's fill kernel) included."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize(device)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            flush_l2(device)
+            torch.cuda.synchronize(device)
+            fn()
+            torch.cuda.synchronize(device)
+    spans: dict[str, list[float]] = {}
+    for e in prof.profiler.kineto_results.events():
+        if e.device_type() == torch.autograd.DeviceType.CUDA:
+            spans.setdefault(e.name(), []).append(e.duration_ns() / 1e3)
+    return {name: round(statistics.median(d) * len(d) / reps, 1) for name, d in spans.items()}
+
+
+def _backward(inputs, deterministic: bool, tile=None):
+    """A call of launch.msda_backward on ``inputs`` (the op's own
+    accumulation for the default backward; ``tile`` the gather's); returns
+    grad_value."""
+    accum = resolve_fp32_grad_accum(inputs.value, None)
+
+    def call():
+        with launch.tile_override(gather=tile):
+            return launch.msda_backward(
+                inputs.grad_output, inputs.value, inputs.spatial_shapes,
+                inputs.level_start_index, inputs.sampling_locations, inputs.attention_weights,
+                accum, deterministic)[0]
+    return call
+
+
+def measure(preset, dtype, distribution, device, tiles, budget_ms, kernel_reps) -> dict:
+    """One cell: the default and the deterministic backwards, timed and split."""
+    inputs = make_inputs(PRESETS[preset], distribution).to(device, DTYPES[dtype])
+    calls = {"default": _backward(inputs, False), "deterministic": _backward(inputs, True)}
+    for tile in tiles:
+        calls["gather " + "x".join(map(str, tile))] = _backward(inputs, True, tile)
+    row = dict(preset=preset, dtype=dtype, distribution=distribution)
+    first = calls["deterministic"]()
+    row["bitwise_equal"] = {name: bool(torch.equal(call(), first))
+                            for name, call in calls.items() if name != "default"}
+    del first
+    row["graph_us"] = {name: round(graph_times_us(call, device, budget_ms)[0], 1)
+                       for name, call in calls.items()}
+    row["kernels_us"] = {name: kernel_split_us(calls[name], device, kernel_reps)
+                         for name in ("default", "deterministic")}
+    return row
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("research/deterministic_split.py needs a GPU: its timers are CUDA "
+                         "graph replays and CUPTI")
+    device = torch.device("cuda")
+    rows = []
+    for preset in args.presets:
+        for dtype in args.dtypes:
+            for distribution in args.distributions:
+                row = measure(preset, dtype, distribution, device, args.gather_tiles,
+                              args.budget_ms, args.kernel_reps)
+                rows.append(row)
+                base = row["graph_us"]["default"]
+                times = "  ".join(f"{k} {v} ({v / base:.2f}x)"
+                                  for k, v in row["graph_us"].items() if k != "default")
+                print(f"{preset:13s} {dtype:5s} {distribution:9s} default {base}  {times}  "
+                      f"bitwise {all(row['bitwise_equal'].values())}",
+                      flush=True)
+    write_results(args.out, device, "deterministic-split", rows)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

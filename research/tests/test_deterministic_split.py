@@ -1,0 +1,47 @@
+"""research/deterministic_split.py: its command line, its refusal without a
+GPU, and on the GPU one cell's table: both backwards timed, every
+deterministic run bitwise the first, each kernel of the split named."""
+import json
+import runpy
+from pathlib import Path
+
+import pytest
+import torch
+
+
+def _tool():
+    return runpy.run_path(str(Path(__file__).resolve().parents[1] / "deterministic_split.py"))
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--gather-tiles", "2x16"], "expected BLOCK_SxWARPSxBLOCK_E"),
+    (["--gather-tiles", "0x1x16"], "expected BLOCK_SxWARPSxBLOCK_E"),
+    (["--presets", "yolo"], "'yolo': choose from tiny, decoder"),
+])
+def test_bad_command_lines_say_what_is_wrong(args, message, capsys):
+    with pytest.raises(SystemExit):
+        _tool()["parse_args"](args)
+    assert message in capsys.readouterr().err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the message is for machines without CUDA")
+def test_without_cuda_the_tool_says_it_needs_a_gpu():
+    with pytest.raises(SystemExit, match="needs a GPU"):
+        _tool()["main"]([])
+
+
+@pytest.mark.gpu
+def test_tool_times_both_backwards_and_splits_their_kernels(tmp_path):
+    assert _tool()["main"](["--presets", "decoder", "--dtypes", "bf16", "--distributions",
+                            "uniform", "--gather-tiles", "1x1x4", "--budget-ms", "20",
+                            "--kernel-reps", "3", "--out", str(tmp_path)]) == 0
+    (path,) = tmp_path.glob("*-deterministic-split.json")
+    (cell,) = json.loads(path.read_text())["cells"]
+    assert list(cell["graph_us"]) == ["default", "deterministic", "gather 1x1x4"]
+    assert all(t > 0 for t in cell["graph_us"].values())
+    assert cell["bitwise_equal"] == {"deterministic": True, "gather 1x1x4": True}
+    det = cell["kernels_us"]["deterministic"]
+    for kernel in ("msda_bwd_kernel", "grad_value_bound_kernel", "bucket_fill_kernel",
+                   "grad_value_gather_kernel"):
+        assert det[kernel] > 0, det
+    assert "grad_value_gather_kernel" not in cell["kernels_us"]["default"]
