@@ -2,7 +2,7 @@
 
     python research/deterministic_split.py [--presets decoder,dino_decoder,encoder]
         [--dtypes bf16,fp32] [--distributions uniform,clustered]
-        [--gather-tiles 2x1x16 1x1x32 ...] [--out benchmarks]
+        [--gather-tiles 2x1x16,1x1x32] [--out benchmarks]
 
 For each preset, dtype and location distribution, in one process: the
 default backward (float atomics, the op's own accumulation) and the
@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from msda_mm.bench.cli import names  # noqa: E402
+from msda_mm.bench.cli import names, tiles  # noqa: E402
 from msda_mm.bench.inputs import DISTRIBUTIONS, make_inputs  # noqa: E402
 from msda_mm.bench.presets import PRESETS  # noqa: E402
 from msda_mm.bench.report import write_results  # noqa: E402
@@ -36,17 +36,6 @@ from msda_mm.ops import launch  # noqa: E402
 from msda_mm.ops.msda import resolve_fp32_grad_accum  # noqa: E402
 
 
-def _tile(text: str) -> tuple[int, int, int]:
-    try:
-        tile = tuple(int(n) for n in text.split("x"))
-        if len(tile) != 3 or min(tile) < 1:
-            raise ValueError
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"{text!r}: expected BLOCK_SxWARPSxBLOCK_E, e.g. 2x1x16") from None
-    return tile
-
-
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--presets", type=names(PRESETS),
@@ -54,8 +43,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--dtypes", type=names(DTYPES), default=("bf16", "fp32"))
     parser.add_argument("--distributions", type=names(DISTRIBUTIONS),
                         default=DISTRIBUTIONS)
-    parser.add_argument("--gather-tiles", type=_tile, nargs="*", default=[],
-                        help="gather tiles to time besides the launcher's")
+    parser.add_argument("--gather-tiles", type=tiles("BLOCK_SxWARPSxBLOCK_E", "2x1x16"),
+                        default=[], help="gather tiles to time besides the launcher's")
     parser.add_argument("--budget-ms", type=float, default=300.0,
                         help="time spent repeating each timed call (default 300)")
     parser.add_argument("--kernel-reps", type=int, default=10)
@@ -120,8 +109,7 @@ def measure(preset, dtype, distribution, device, tiles, budget_ms, kernel_reps) 
 def main(argv=None) -> int:
     args = parse_args(argv)
     if not torch.cuda.is_available():
-        raise SystemExit("research/deterministic_split.py needs a GPU: its timers are CUDA "
-                         "graph replays and CUPTI")
+        raise SystemExit("research/deterministic_split.py times CUDA kernels: it needs a GPU")
     device = torch.device("cuda")
     rows = []
     for preset in args.presets:

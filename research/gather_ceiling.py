@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from msda_mm import multi_scale_deformable_attention  # noqa: E402
-from msda_mm.bench.cli import names  # noqa: E402
+from msda_mm.bench.cli import names, tiles  # noqa: E402
 from msda_mm.bench.inputs import make_inputs  # noqa: E402
 from msda_mm.bench.presets import PRESETS  # noqa: E402
 from msda_mm.bench.report import device_name, environment, slug, write_json  # noqa: E402
@@ -39,27 +39,17 @@ from research.gather import corner_rows, distinct_rows, gather_sum  # noqa: E402
 from research.scatter import scatter_add, zeroed  # noqa: E402
 
 
-def _tiles(text: str) -> list[tuple[int, int, int]]:
-    try:
-        tiles = [tuple(int(n) for n in t.split("x")) for t in text.split(",")]
-        if not tiles or any(len(t) != 3 or min(t) < 1 for t in tiles):
-            raise ValueError
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"{text!r}: expected BLOCK_QxBLOCK_RxWARPS[,...], e.g. 2x16x1") from None
-    return tiles
-
-
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    tile_list = tiles("BLOCK_QxBLOCK_RxWARPS", "2x16x1")
     parser.add_argument("--presets", type=names(PRESETS), default=("encoder", "decoder"))
     parser.add_argument("--dtypes", type=names(DTYPES), default=("bf16", "fp32"))
-    parser.add_argument("--tiles", type=_tiles, default=[(2, 16, 1), (8, 16, 4), (16, 16, 4)],
+    parser.add_argument("--tiles", type=tile_list, default=[(2, 16, 1), (8, 16, 4), (16, 16, 4)],
                         help="gather kernel tiles BLOCK_QxBLOCK_RxWARPS (default "
                              "2x16x1,8x16x4,16x16x4)")
     # BLOCK_R counts corner rows, 4 a point: the backward's own chunks are 1
     # query x 16 points (16-bit: 64 rows) and 1 x 8 (fp32: 32 rows).
-    parser.add_argument("--scatter-tiles", type=_tiles, default=[(1, 64, 1), (1, 32, 1)],
+    parser.add_argument("--scatter-tiles", type=tile_list, default=[(1, 64, 1), (1, 32, 1)],
                         help="scatter kernel tiles BLOCK_QxBLOCK_RxWARPS, BLOCK_R in corner "
                              "rows (default 1x64x1,1x32x1)")
     parser.add_argument("--budget-ms", type=float, default=200.0,

@@ -2,15 +2,11 @@
 GPU, and on the GPU one cell's table: both backwards timed, every
 deterministic run bitwise the first, each kernel of the split named."""
 import json
-import runpy
-from pathlib import Path
 
 import pytest
 import torch
 
-
-def _tool():
-    return runpy.run_path(str(Path(__file__).resolve().parents[1] / "deterministic_split.py"))
+from research.tests.tools import assert_needs_a_gpu, assert_usage_error, load
 
 
 @pytest.mark.parametrize("args, message", [
@@ -19,22 +15,20 @@ def _tool():
     (["--presets", "yolo"], "'yolo': choose from tiny, decoder"),
 ])
 def test_bad_command_lines_say_what_is_wrong(args, message, capsys):
-    with pytest.raises(SystemExit):
-        _tool()["parse_args"](args)
-    assert message in capsys.readouterr().err
+    assert_usage_error("deterministic_split.py", args, message, capsys)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the message is for machines without CUDA")
 def test_without_cuda_the_tool_says_it_needs_a_gpu():
-    with pytest.raises(SystemExit, match="needs a GPU"):
-        _tool()["main"]([])
+    assert_needs_a_gpu("deterministic_split.py")
 
 
 @pytest.mark.gpu
 def test_tool_times_both_backwards_and_splits_their_kernels(tmp_path):
-    assert _tool()["main"](["--presets", "decoder", "--dtypes", "bf16", "--distributions",
-                            "uniform", "--gather-tiles", "1x1x4", "--budget-ms", "20",
-                            "--kernel-reps", "3", "--out", str(tmp_path)]) == 0
+    assert load("deterministic_split.py")["main"](
+        ["--presets", "decoder", "--dtypes", "bf16", "--distributions", "uniform",
+         "--gather-tiles", "1x1x4", "--budget-ms", "20", "--kernel-reps", "3",
+         "--out", str(tmp_path)]) == 0
     (path,) = tmp_path.glob("*-deterministic-split.json")
     (cell,) = json.loads(path.read_text())["cells"]
     assert list(cell["graph_us"]) == ["default", "deterministic", "gather 1x1x4"]

@@ -10,6 +10,7 @@ from msda_mm.bench.presets import PRESETS
 from msda_mm.ops import msda_reference
 from research.gather import corner_rows, distinct_rows, gather_sum
 from research.scatter import scatter_add
+from research.tests.tools import assert_needs_a_gpu, assert_usage_error, load
 
 
 def test_rows_are_the_bilinear_corners():
@@ -86,33 +87,24 @@ def test_bad_shapes_are_refused():
         scatter_add(torch.zeros(4, 32), torch.zeros(2, 16, dtype=torch.int32), torch.zeros(3, 32))
 
 
-def _tool():
-    import runpy
-    from pathlib import Path
-    return runpy.run_path(str(Path(__file__).resolve().parents[1] / "gather_ceiling.py"))
-
-
 @pytest.mark.parametrize("args, message", [
     (["--tiles", "2x16"], "expected BLOCK_QxBLOCK_RxWARPS"),
     (["--presets", "yolo"], "'yolo': choose from tiny, decoder"),
 ])
 def test_bad_command_lines_say_what_is_wrong(args, message, capsys):
-    with pytest.raises(SystemExit):
-        _tool()["parse_args"](args)
-    assert message in capsys.readouterr().err
+    assert_usage_error("gather_ceiling.py", args, message, capsys)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the message is for machines without CUDA")
 def test_without_cuda_the_tool_says_it_needs_a_gpu():
-    with pytest.raises(SystemExit, match="needs a GPU"):
-        _tool()["main"]([])
+    assert_needs_a_gpu("gather_ceiling.py")
 
 
 @pytest.mark.gpu
 def test_tool_times_the_forward_backward_gathers_and_atomics(tmp_path):
-    assert _tool()["main"](["--presets", "decoder", "--dtypes", "bf16", "--tiles", "2x16x1",
-                            "--scatter-tiles", "1x64x1", "--budget-ms", "20",
-                            "--out", str(tmp_path)]) == 0
+    assert load("gather_ceiling.py")["main"](
+        ["--presets", "decoder", "--dtypes", "bf16", "--tiles", "2x16x1", "--scatter-tiles",
+         "1x64x1", "--budget-ms", "20", "--out", str(tmp_path)]) == 0
     (path,) = tmp_path.glob("*-gather-ceiling.json")
     import json
     cells = json.loads(path.read_text())["cells"]
