@@ -21,7 +21,7 @@ import statistics
 import sys
 from pathlib import Path
 
-# Runs as `python research/deterministic_gathers.py` from a checkout, installed or not.
+# Runs as `python research/deterministic_split.py` from a checkout, installed or not.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
@@ -31,7 +31,7 @@ from msda_mm.bench.inputs import DISTRIBUTIONS, make_inputs  # noqa: E402
 from msda_mm.bench.presets import PRESETS  # noqa: E402
 from msda_mm.bench.report import write_results  # noqa: E402
 from msda_mm.bench.run import DTYPES  # noqa: E402
-from msda_mm.bench.timing import flush_l2, graph_times_us  # noqa: E402
+from msda_mm.bench.timing import graph_times_us, kernel_spans  # noqa: E402
 from msda_mm.ops import launch  # noqa: E402
 from msda_mm.ops.msda import resolve_fp32_grad_accum  # noqa: E402
 
@@ -53,23 +53,12 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def kernel_split_us(fn, device: torch.device, reps: int) -> dict[str, float]:
-    """Each kernel's median duration (us) over ``reps`` calls of ``fn``, each
-    after an L2 flush (CUPTI through torch.profiler), keyed by kernel name;
-    the flush's own fill (at::native's fill kernel) included."""
-    from torch.profiler import ProfilerActivity, profile
-
-    fn()
-    torch.cuda.synchronize(device)
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(reps):
-            flush_l2(device)
-            torch.cuda.synchronize(device)
-            fn()
-            torch.cuda.synchronize(device)
+    """Each kernel's median duration (us) a call over ``reps`` calls of
+    ``fn`` (timing.kernel_spans: CUPTI, cold L2), keyed by kernel name; the
+    flush's own fill (at::native's fill kernel) included."""
     spans: dict[str, list[float]] = {}
-    for e in prof.profiler.kineto_results.events():
-        if e.device_type() == torch.autograd.DeviceType.CUDA:
-            spans.setdefault(e.name(), []).append(e.duration_ns() / 1e3)
+    for _, duration, name in kernel_spans(fn, device, reps):
+        spans.setdefault(name, []).append(duration / 1e3)
     return {name: round(statistics.median(d) * len(d) / reps, 1) for name, d in spans.items()}
 
 

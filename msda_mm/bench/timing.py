@@ -92,23 +92,15 @@ def graph_times_us(fn: Callable[[], object], device: torch.device,
             statistics.median(replays(reps, flush=False)))
 
 
-def kernel_times_us(fn: Callable[[], object], device: torch.device,
-                    reps: int = 20) -> float:
-    """Median device time (us) of one call of ``fn`` as the sum of its
-    kernels', memsets' and copies' own durations, as the CUDA profiler
-    (CUPTI) records them, cold L2.
-
-    Unlike graph_times_us this leaves out the graph launch and the gaps
-    between launches: for a 10 us kernel the event pair around a graph
-    replay adds several us (graph_floor_us measures it).  Each call starts
-    after a flush and a synchronisation, so the device activities split into
-    reps groups, each led by the flush; unless every group holds the same
-    activities in the same order (a call that varies, or no CUDA profiler),
-    RuntimeError rather than a mixed-up figure.
-    """
+def kernel_spans(fn: Callable[[], object], device: torch.device,
+                 reps: int = 20) -> list[tuple[int, int, str]]:
+    """(start ns, duration ns, name) of every kernel, memset and copy the CUDA
+    profiler (CUPTI) records over ``reps`` calls of ``fn``, sorted by start;
+    each call after one warm-up (compilation, allocator growth), an L2 flush
+    (whose fill is among the spans) and a synchronisation."""
     from torch.profiler import ProfilerActivity, profile
 
-    fn()  # warm-up: compilation, allocator growth
+    fn()
     _synchronize(device)
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(reps):
@@ -116,9 +108,25 @@ def kernel_times_us(fn: Callable[[], object], device: torch.device,
             _synchronize(device)
             fn()
             _synchronize(device)
-    spans = sorted((e.start_ns(), e.duration_ns(), e.name())
-                   for e in prof.profiler.kineto_results.events()
-                   if e.device_type() == torch.autograd.DeviceType.CUDA)
+    return sorted((e.start_ns(), e.duration_ns(), e.name())
+                  for e in prof.profiler.kineto_results.events()
+                  if e.device_type() == torch.autograd.DeviceType.CUDA)
+
+
+def kernel_times_us(fn: Callable[[], object], device: torch.device,
+                    reps: int = 20) -> float:
+    """Median device time (us) of one call of ``fn`` as the sum of its
+    kernels', memsets' and copies' own durations, as the CUDA profiler
+    (CUPTI) records them, cold L2 (kernel_spans).
+
+    Unlike graph_times_us this leaves out the graph launch and the gaps
+    between launches: for a 10 us kernel the event pair around a graph
+    replay adds several us (graph_floor_us measures it).  The device
+    activities split into reps groups, each led by the flush; unless every
+    group holds the same activities in the same order (a call that varies,
+    or no CUDA profiler), RuntimeError rather than a mixed-up figure.
+    """
+    spans = kernel_spans(fn, device, reps)
     size = len(spans) // reps
     groups = [spans[i * size:(i + 1) * size] for i in range(reps)]
     if not spans or len(spans) % reps or len({tuple(n for *_, n in g) for g in groups}) > 1:
