@@ -35,18 +35,24 @@ from msda_mm.ops import launch
 from msda_mm.ops.msda import resolve_fp32_grad_accum
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
-KERNELS = ("fwd", "fwd_pairs", "bwd", "bound", "bucket_fill", "gather")
-# The deterministic backward's grad_value kernels (bound_kernel.py, bucket_kernels.py).
+KERNELS = ("fwd", "fwd_pairs", "bwd", "bound", "bucket_fill", "gather", "keys", "starts",
+           "sorted_fill", "stable_gather")
+# The deterministic backward's grad_value kernels (bound_kernel.py, bucket_kernels.py;
+# sorted_buckets.py and the gather's float pass for the stable sort).
 DET_KERNELS = KERNELS[3:]
+# The stable sort's, compiled for the encoder's call (dense rows take it).
+STABLE_KERNELS = KERNELS[6:]
 # Each KERNELS name's attribute in launch.py.
 _LAUNCH_NAMES = {"fwd": "msda_fwd_kernel", "fwd_pairs": "msda_fwd_pairs_kernel",
                  "bwd": "msda_bwd_kernel", "bound": "grad_value_bound_kernel",
-                 "bucket_fill": "bucket_fill_kernel", "gather": "grad_value_gather_kernel"}
+                 "bucket_fill": "bucket_fill_kernel", "gather": "grad_value_gather_kernel",
+                 "keys": "sample_keys_kernel", "starts": "bucket_starts_kernel",
+                 "sorted_fill": "sorted_fill_kernel", "stable_gather": "grad_value_gather_kernel"}
 
 # The mmdet default call (Deformable DETR decoder on a COCO image, D = 32,
 # L = K = 4); a variant only swaps the head dim.  Only the strides and the
 # constexprs derived from it reach the compiler.  fwd_pairs, the forward of
-# large 16-bit grids, compiles the encoder's call.
+# large 16-bit grids, and the stable sort's kernels compile the encoder's call.
 SHAPE = PRESETS["decoder"]
 PAIRS_SHAPE = PRESETS["encoder"]
 
@@ -91,7 +97,7 @@ class Variant:
 
     @property
     def shape(self):
-        return PAIRS_SHAPE if self.kernel == "fwd_pairs" else SHAPE
+        return PAIRS_SHAPE if self.kernel in ("fwd_pairs", *STABLE_KERNELS) else SHAPE
 
 
 def auto_fp32_accum(dtype: str, arch: int) -> bool:

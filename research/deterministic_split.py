@@ -2,17 +2,22 @@
 
     python research/deterministic_split.py [--presets decoder,dino_decoder,encoder]
         [--dtypes bf16,fp32] [--distributions uniform,clustered]
-        [--gather-tiles 2x1x16,1x1x32] [--out benchmarks]
+        [--gather-tiles 2x1x16,1x1x32] [--sorts stable,counting] [--out benchmarks]
 
 For each preset, dtype and location distribution, in one process: the
-default backward (float atomics, the op's own accumulation) and the
-deterministic backward with the launcher's tiles and with each of
---gather-tiles (grad_value_gather_kernel's BLOCK_SxWARPSxBLOCK_E), timed as
-the benchmark times (graph_us: CUDA-graph replay of one backward after an
-L2 flush, median), their grad_value compared bit for bit, and the kernels
-of the default and the deterministic backward (kernels_us: CUPTI, each
-kernel's median duration a call, the L2 flush's fill included).  Writes
-<out>/<device-slug>-deterministic-split.json and prints a table.
+default backward (float atomics, the op's own accumulation), the
+deterministic backward with the launcher's sort and tiles, with each of
+--gather-tiles (grad_value_gather_kernel's BLOCK_SxWARPSxBLOCK_E) and with
+each of --sorts (launch.deterministic_sort's answers, whatever the rows'
+density), timed as the benchmark times (graph_us: CUDA-graph replay of one
+backward after an L2 flush, median).  Each deterministic grad_value is
+compared bit for bit with a second run of the same call (repeatable), the
+gather tiles' with the launcher's (bitwise_equal); every grad_value's error
+is ||x - ref|| / ||ref|| against the float64 reference.  kernels_us: the
+kernels of the default backward and of each deterministic one but the gather
+tiles (CUPTI, each kernel's median duration a call, the L2 flush's fill
+included).  Writes <out>/<device-slug>-deterministic-split.json and prints a
+table.
 """
 from __future__ import annotations
 
@@ -26,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
+from msda_mm.bench.cell import reference_fp64  # noqa: E402
 from msda_mm.bench.cli import names, tiles  # noqa: E402
 from msda_mm.bench.inputs import DISTRIBUTIONS, make_inputs  # noqa: E402
 from msda_mm.bench.presets import PRESETS  # noqa: E402
@@ -45,6 +51,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                         default=DISTRIBUTIONS)
     parser.add_argument("--gather-tiles", type=tiles("BLOCK_SxWARPSxBLOCK_E", "2x1x16"),
                         default=[], help="gather tiles to time besides the launcher's")
+    parser.add_argument("--sorts", type=names(launch._SORTS), default=(),
+                        help="deterministic sorts to time besides the launcher's choice")
     parser.add_argument("--budget-ms", type=float, default=300.0,
                         help="time spent repeating each timed call (default 300)")
     parser.add_argument("--kernel-reps", type=int, default=10)
@@ -62,14 +70,14 @@ def kernel_split_us(fn, device: torch.device, reps: int) -> dict[str, float]:
     return {name: round(statistics.median(d) * len(d) / reps, 1) for name, d in spans.items()}
 
 
-def _backward(inputs, deterministic: bool, tile=None):
+def _backward(inputs, deterministic: bool, tile=None, sort=None):
     """A call of launch.msda_backward on ``inputs`` (the op's own
-    accumulation for the default backward; ``tile`` the gather's); returns
-    grad_value."""
+    accumulation for the default backward; ``tile`` the gather's, ``sort``
+    the deterministic sort); returns grad_value."""
     accum = resolve_fp32_grad_accum(inputs.value, None)
 
     def call():
-        with launch.tile_override(gather=tile):
+        with launch.tile_override(gather=tile, sort=sort):
             return launch.msda_backward(
                 inputs.grad_output, inputs.value, inputs.spatial_shapes,
                 inputs.level_start_index, inputs.sampling_locations, inputs.attention_weights,
@@ -77,21 +85,35 @@ def _backward(inputs, deterministic: bool, tile=None):
     return call
 
 
-def measure(preset, dtype, distribution, device, tiles, budget_ms, kernel_reps) -> dict:
+def measure(preset, dtype, distribution, device, tiles, sorts, budget_ms,
+            kernel_reps) -> dict:
     """One cell: the default and the deterministic backwards, timed and split."""
     inputs = make_inputs(PRESETS[preset], distribution).to(device, DTYPES[dtype])
     calls = {"default": _backward(inputs, False), "deterministic": _backward(inputs, True)}
     for tile in tiles:
         calls["gather " + "x".join(map(str, tile))] = _backward(inputs, True, tile)
-    row = dict(preset=preset, dtype=dtype, distribution=distribution)
+    for sort in sorts:
+        calls[f"{sort} sort"] = _backward(inputs, True, sort=sort)
+    _, Q, _, L, K, _ = inputs.sampling_locations.shape
+    row = dict(preset=preset, dtype=dtype, distribution=distribution,
+               sort=launch.deterministic_sort(inputs.value, Q * L * K))
+    reference = reference_fp64(inputs)[1]
     first = calls["deterministic"]()
-    row["bitwise_equal"] = {name: bool(torch.equal(call(), first))
-                            for name, call in calls.items() if name != "default"}
+    row["bitwise_equal"] = {name: bool(torch.equal(calls[name](), first))
+                            for name in calls if name.startswith(("deterministic", "gather"))}
     del first
+    row["repeatable"], row["grad_value_error"] = {}, {}
+    for name, call in calls.items():
+        got = call()
+        if name != "default":
+            row["repeatable"][name] = bool(torch.equal(call(), got))
+        row["grad_value_error"][name] = float(
+            (got.double() - reference).norm() / reference.norm())
+    del reference, got
     row["graph_us"] = {name: round(graph_times_us(call, device, budget_ms)[0], 1)
                        for name, call in calls.items()}
-    row["kernels_us"] = {name: kernel_split_us(calls[name], device, kernel_reps)
-                         for name in ("default", "deterministic")}
+    row["kernels_us"] = {name: kernel_split_us(call, device, kernel_reps)
+                         for name, call in calls.items() if not name.startswith("gather")}
     return row
 
 
@@ -105,13 +127,15 @@ def main(argv=None) -> int:
         for dtype in args.dtypes:
             for distribution in args.distributions:
                 row = measure(preset, dtype, distribution, device, args.gather_tiles,
-                              args.budget_ms, args.kernel_reps)
+                              args.sorts, args.budget_ms, args.kernel_reps)
                 rows.append(row)
                 base = row["graph_us"]["default"]
                 times = "  ".join(f"{k} {v} ({v / base:.2f}x)"
                                   for k, v in row["graph_us"].items() if k != "default")
-                print(f"{preset:13s} {dtype:5s} {distribution:9s} default {base}  {times}  "
-                      f"bitwise {all(row['bitwise_equal'].values())}",
+                print(f"{preset:13s} {dtype:5s} {distribution:9s} ({row['sort']} sort) "
+                      f"default {base}  {times}  "
+                      f"bitwise {all(row['bitwise_equal'].values())} "
+                      f"repeatable {all(row['repeatable'].values())}",
                       flush=True)
     write_results(args.out, device, "deterministic-split", rows)
     return 0

@@ -1,7 +1,11 @@
 """The deterministic backward's grad_value: samples sorted into buckets by
-cell, then gathered per value row, summed from integer terms in registers at
-the row's own exponent (fixed_point.py: int64; for 16-bit values int32 sums
-of terms rounded in fp32, exact_sums.py).
+cell, then gathered per value row (grad_value_gather_kernel).  Rows with few
+entries (launch.deterministic_sort: the decoders) take the counting sort
+below, whose order inside a bucket varies, and sum integer terms at the row's
+own exponent (fixed_point.py: int64; for 16-bit values int32 sums of terms
+rounded in fp32, exact_sums.py); dense rows (the encoders) take a stable sort
+(sorted_buckets.py), whose order is the samples', and sum in float in that
+order.
 
 A live sample (b, q, m, l, k) (cells._cell) has its top-left bilinear
 corner (y0, x0) in [-1, H_l-1] x [-1, W_l-1]: its cell on level l's
@@ -18,7 +22,8 @@ grad_value_gather_kernel do not depend on it, nor does its first pass over a
 row's entries (a max and a count: the row's exponent).  That pass loads each
 entry's 16-byte record (32 for fp64) and its query's max |grad_output| (4 bytes,
 8 for fp64); the second loads both again and the query's grad_output row
-(D elements).
+(D elements).  The stable sort's gather makes only the second pass, without
+the maxima.
 
 Value row (y, x) of a level is corner 11 of cell (y-1, x-1), 10 of
 (y-1, x), 01 of (y, x-1) and 00 of (y, x): extended cells (y, x), (y, x+1),
@@ -175,44 +180,12 @@ def _query_max(gq_ptr, b, m, q, live, Q, ACC: tl.constexpr):
 
 
 @triton.jit
-def grad_value_gather_kernel(
-    grad_out_ptr, shapes_ptr, starts_ptr, bound_ptr, gq_ptr, offsets_ptr, records_ptr,
-    grad_value_ptr, Q, S, CELLS, D: tl.constexpr,
-    stride_gob, stride_goq, stride_gom, stride_god,
-    stride_gvb, stride_gvs, stride_gvm,
-    L: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_E: tl.constexpr,
-    BLOCK_D: tl.constexpr, ACC: tl.constexpr, FP32_TERMS: tl.constexpr,
-):
-    """grad_value (B, S, M, D), unit channel stride, every row written: for
-    each of BLOCK_S value rows, the terms of the samples in the four cells
-    it is a corner of, BLOCK_E entries at a time: per entry its query and
-    the one corner weight of the row's role (from bucket_fill_kernel's
-    records, contiguous in bucket order) times the query's grad_output row.
-
-    Two passes over each row's entries (fixed_point.py): the first takes the
-    row's exponent from the largest |c| * g_q (gq_ptr: the queries' max_d
-    |grad_output|, (B, Q, M), fp32 or for fp64 grad_output fp64) and the
-    entries' count; the second sums the terms as integers, with FP32_TERMS
-    (16-bit values, fp32 ACC) rounded in one FFMA each and summed in int32
-    (exact_sums.py), else truncated from ACC and summed in int64
-    (_fixed_point_terms).  bound_ptr (B, M) float64: a head
-    whose bound says it could overflow (_head_ok) is NaN, its buckets unread.
-    Grid: (cdiv(S, BLOCK_S), M, B); program 0 takes the last rows, the
-    coarsest level's, whose buckets are the fullest, so that the longest
-    programs start first."""
-    b, m, r, rmask, offs_d, dmask = _program_tile(S, D, BLOCK_S, BLOCK_D)
-    s = S - 1 - r
-    lvl, H, W, start = _row_levels(s, shapes_ptr, starts_ptr, L)
-    # A level is empty of rows where shapes do not tile value (W < 1 or rows
-    # past the last level): those rows get no entries, and no division by 0.
-    W1 = tl.maximum(W, 1)
-    y = (s - start) // W1
-    x = (s - start) - y * W1
-    ok = _head_ok(_head_bound(bound_ptr, b, m), ACC)
-    row_ok = rmask & ok & (W >= 1) & (y < H)
-    head = (b.to(tl.int64) * tl.num_programs(1) + m) * CELLS
-    go_base = _head_base(grad_out_ptr, b, m, stride_gob, stride_gom)
-    dm = dmask[None, None, :]
+def _row_exponents(gq_ptr, records_ptr, offsets_ptr, shapes_ptr, b, m, lvl, y, x, W, row_ok,
+                   head, Q, CELLS, L: tl.constexpr, BLOCK_S: tl.constexpr,
+                   BLOCK_E: tl.constexpr, ACC: tl.constexpr, FP32_TERMS: tl.constexpr):
+    """The fixed-point gather's first pass: each row's exponent e
+    (fixed_point._row_exponent) from its entries' largest |c| * g_q and their
+    count."""
     X = tl.full([BLOCK_S], NO_ENTRY, tl.int32)
     entries = tl.zeros([BLOCK_S], dtype=offsets_ptr.dtype.element_ty)
     for dy in tl.static_range(2):
@@ -224,25 +197,80 @@ def grad_value_gather_kernel(
             g = _query_max(gq_ptr, b, m, q, live, Q, ACC)
             X = tl.maximum(X, tl.max(_entry_exponent(c, g, live), axis=1))
     if FP32_TERMS:
-        e = _row_exponent(X, entries, TERM_BITS, SUM_BITS)
-        acc = tl.zeros([BLOCK_S, BLOCK_D], dtype=tl.int32)
+        return _row_exponent(X, entries, TERM_BITS, SUM_BITS)
     else:
-        e = _row_exponent(X, entries, FIXED_BITS, FIXED_BITS)
-        acc = tl.zeros([BLOCK_S, BLOCK_D], dtype=tl.int64)
+        return _row_exponent(X, entries, FIXED_BITS, FIXED_BITS)
+
+
+@triton.jit
+def grad_value_gather_kernel(
+    grad_out_ptr, shapes_ptr, starts_ptr, bound_ptr, gq_ptr, offsets_ptr, records_ptr,
+    grad_value_ptr, Q, S, CELLS, D: tl.constexpr,
+    stride_gob, stride_goq, stride_gom, stride_god,
+    stride_gvb, stride_gvs, stride_gvm,
+    L: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_E: tl.constexpr,
+    BLOCK_D: tl.constexpr, ACC: tl.constexpr, FIXED: tl.constexpr, FP32_TERMS: tl.constexpr,
+):
+    """grad_value (B, S, M, D), unit channel stride, every row written: for
+    each of BLOCK_S value rows, the terms of the samples in the four cells
+    it is a corner of, BLOCK_E entries at a time: per entry its query and
+    the one corner weight of the row's role (from the records, contiguous
+    in bucket order) times the query's grad_output row.
+
+    FIXED (entries in an order that varies: bucket_fill_kernel's): two passes
+    over each row's entries (fixed_point.py): the first takes the row's
+    exponent from the largest |c| * g_q (gq_ptr: the queries' max_d
+    |grad_output|, (B, Q, M), fp32 or for fp64 grad_output fp64) and the
+    entries' count; the second sums the terms as integers, with FP32_TERMS
+    (16-bit values, fp32 ACC) rounded in one FFMA each and summed in int32
+    (exact_sums.py), else truncated from ACC and summed in int64
+    (_fixed_point_terms).  bound_ptr (B, M) float64: a head
+    whose bound says it could overflow (_head_ok) is NaN, its buckets unread.
+    Not FIXED (entries in sample order: sorted_buckets.py; bound_ptr and
+    gq_ptr None): one pass, the terms summed in ACC in entry order.
+    Grid: (cdiv(S, BLOCK_S), M, B); program 0 takes the last rows, the
+    coarsest level's, whose buckets are the fullest, so that the longest
+    programs start first."""
+    b, m, r, rmask, offs_d, dmask = _program_tile(S, D, BLOCK_S, BLOCK_D)
+    s = S - 1 - r
+    lvl, H, W, start = _row_levels(s, shapes_ptr, starts_ptr, L)
+    # A level is empty of rows where shapes do not tile value (W < 1 or rows
+    # past the last level): those rows get no entries, and no division by 0.
+    W1 = tl.maximum(W, 1)
+    y = (s - start) // W1
+    x = (s - start) - y * W1
+    row_ok = rmask & (W >= 1) & (y < H)
+    head = (b.to(tl.int64) * tl.num_programs(1) + m) * CELLS
+    go_base = _head_base(grad_out_ptr, b, m, stride_gob, stride_gom)
+    dm = dmask[None, None, :]
+    if FIXED:
+        ok = _head_ok(_head_bound(bound_ptr, b, m), ACC)
+        row_ok &= ok
+        e = _row_exponents(gq_ptr, records_ptr, offsets_ptr, shapes_ptr, b, m, lvl, y, x, W,
+                           row_ok, head, Q, CELLS, L, BLOCK_S, BLOCK_E, ACC, FP32_TERMS)
+        acc = tl.zeros([BLOCK_S, BLOCK_D], dtype=tl.int32 if FP32_TERMS else tl.int64)
+    else:
+        acc = tl.zeros([BLOCK_S, BLOCK_D], dtype=ACC)
     for dy in tl.static_range(2):
         lo, mid, n = _cell_pair(dy, lvl, y, x, W, row_ok, head, offsets_ptr, shapes_ptr,
                                 CELLS, L)
         for j0 in range(0, tl.max(n, axis=0), BLOCK_E):
             live, q, c = _entries(records_ptr, lo, mid, n, j0, dy == 0, BLOCK_E, ACC)
-            g = _query_max(gq_ptr, b, m, q, live, Q, ACC)
             go = tl.load(go_base + q[:, :, None] * stride_goq
                          + (offs_d * stride_god)[None, None, :],
                          mask=live[:, :, None] & dm, other=0.0).to(ACC)
-            if FP32_TERMS:
-                acc += tl.sum(_integer_terms(c, g, go, e), axis=1)
+            if not FIXED:
+                acc += tl.sum(c[:, :, None] * go, axis=1)
+            elif FP32_TERMS:
+                acc += tl.sum(_integer_terms(c, _query_max(gq_ptr, b, m, q, live, Q, ACC), go,
+                                             e), axis=1)
             else:
-                acc += tl.sum(_fixed_point_terms(c, g, go, e), axis=1)
-    out = _fixed_to_float(acc, e, ok, grad_value_ptr.dtype.element_ty, ACC)
+                acc += tl.sum(_fixed_point_terms(c, _query_max(gq_ptr, b, m, q, live, Q, ACC),
+                                                 go, e), axis=1)
+    if FIXED:
+        out = _fixed_to_float(acc, e, ok, grad_value_ptr.dtype.element_ty, ACC)
+    else:
+        out = acc.to(grad_value_ptr.dtype.element_ty)
     gv_base = _head_base(grad_value_ptr, b, m, stride_gvb, stride_gvm)
     tl.store(_row_ptrs(gv_base, s, stride_gvs, offs_d, 1), out,
              mask=rmask[:, None] & dmask[None, :])

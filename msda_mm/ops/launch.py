@@ -10,7 +10,7 @@ from typing import NamedTuple
 import torch
 import triton.language as tl
 
-from . import bound_kernel, bucket_kernels, kernels
+from . import bound_kernel, bucket_kernels, kernels, sorted_buckets
 from .fast_launch import FastLaunch
 
 # The kernels as this module launches them: through FastLaunch (repeat
@@ -22,6 +22,9 @@ zero_fill_kernel = FastLaunch(kernels.zero_fill_kernel)
 grad_value_bound_kernel = FastLaunch(bound_kernel.grad_value_bound_kernel)
 bucket_fill_kernel = FastLaunch(bucket_kernels.bucket_fill_kernel)
 grad_value_gather_kernel = FastLaunch(bucket_kernels.grad_value_gather_kernel)
+sample_keys_kernel = FastLaunch(sorted_buckets.sample_keys_kernel)
+bucket_starts_kernel = FastLaunch(sorted_buckets.bucket_starts_kernel)
+sorted_fill_kernel = FastLaunch(sorted_buckets.sorted_fill_kernel)
 
 
 def interpreter_enabled() -> bool:
@@ -34,9 +37,8 @@ def interpreter_enabled() -> bool:
 _TILES = {("fwd", 4): (2, 1, 16), ("fwd", 2): (2, 1, 16),
           ("bwd", 4): (1, 1, 8), ("bwd", 2): (1, 1, 16),
           # grad_value_gather_kernel's (BLOCK_S rows, num_warps, BLOCK_E entries a step) for
-          # dense rows (_GATHER_SPARSE), the best of 8 on the encoder's backward: bf16 1274.9 us
-          # at (2, 1, 16), 1345.6 at (2, 1, 32); fp32 1502.8 at (2, 1, 16), 1852.0 at (2, 1, 8).
-          ("gather", 4): (2, 1, 16), ("gather", 2): (2, 1, 16)}
+          # dense rows (_GATHER_SPARSE), the stable sort's one float pass: TILE_NOTE.
+          ("gather", 4): (4, 1, 16), ("gather", 2): (4, 1, 16)}
 # Below this many entries a value row (4 * Q * L*K / S: decoder 0.9, encoder 64) the gather
 # takes many rows a program: one-entry rows make the grid the cost (fp32 decoder 120.0 us at
 # (32, 1, 1) against 146.3 at (8, 1, 2); bf16 111.6 against 122.7).
@@ -47,22 +49,28 @@ _FWD_FEW_ROWS = 1 << 16
 # msda_fwd_pairs_kernel's queries per one-warp program at D = 32 (wider heads: _pairs_tile):
 # bf16 encoder 170.9 us against 173.2 (16 x 2) and 173.0 (32 x 4) (docs/design.md).
 _PAIRS_QUERIES_D32 = 8
+# deterministic_sort's answers.
+_SORTS = ("stable", "counting")
 _tile_override: dict = {}
 
 
 @contextlib.contextmanager
 def tile_override(fwd: tuple[int, ...] | None = None, bwd: tuple[int, ...] | None = None,
                   pairs: tuple[int, int] | None = None,
-                  gather: tuple[int, int, int] | None = None):
+                  gather: tuple[int, int, int] | None = None, sort: str | None = None):
     """Launch with other (BLOCK_Q, num_warps[, BLOCK_P]) tiles inside this
     block: a tuning hook for the benchmark and the tests, not an API for
     models.  ``pairs`` (BLOCK_Q, num_warps) sends every forward that
     msda_fwd_pairs_kernel can take to it; ``fwd`` every forward to
     msda_fwd_kernel; ``gather`` (BLOCK_S, num_warps, BLOCK_E) is the
-    deterministic backward's grad_value_gather_kernel."""
+    deterministic backward's grad_value_gather_kernel; ``sort`` ("stable"
+    or "counting") its sort, whatever the rows' density (deterministic_sort)."""
+    if sort not in (None, *_SORTS):
+        raise ValueError(f"tile_override: sort must be one of {_SORTS}, got {sort!r}")
     saved = dict(_tile_override)
     _tile_override.update({k: v for k, v in (("fwd", fwd), ("bwd", bwd), ("pairs", pairs),
-                                             ("gather", gather)) if v is not None})
+                                             ("gather", gather), ("sort", sort))
+                           if v is not None})
     try:
         yield
     finally:
@@ -77,6 +85,24 @@ def _next_pow2(n: int) -> int:
     return 1 << (n - 1).bit_length()
 
 
+def _sparse_rows(value: torch.Tensor, samples: int) -> bool:
+    """Whether value's rows get fewer than _GATHER_SPARSE[0] bilinear
+    entries each on average from ``samples`` = Q * L * K samples a head."""
+    return 4 * samples < _GATHER_SPARSE[0] * value.shape[1]
+
+
+def deterministic_sort(value: torch.Tensor, samples: int) -> str:
+    """How the deterministic backward buckets ``samples`` = Q * L * K samples
+    a head by cell for value (B, S, M, D): "stable" (sorted_buckets.py: a
+    stable radix sort, then grad_value summed in float in sample order, one
+    pass) for dense rows, "counting" (atomic ranks, then integer sums at each
+    row's exponent, two passes: bucket_kernels.py) for sparse ones, where the
+    radix sort's fixed cost outweighs the pass it saves (tile_override's
+    ``sort`` overrides)."""
+    return _tile_override.get("sort") or (
+        "counting" if _sparse_rows(value, samples) else "stable")
+
+
 def _tile(kernel: str, value: torch.Tensor, points: int, rows: int,
           element_size: int = 0) -> dict:
     """Launch constants for ``points`` = L * K sampling points per query and
@@ -85,8 +111,7 @@ def _tile(kernel: str, value: torch.Tensor, points: int, rows: int,
     takes ``points`` = Q * L * K samples a head and ``rows`` = B * S * M."""
     block_q, num_warps, *block_p = _tile_override.get(
         kernel, _TILES[kernel, min(element_size or value.element_size(), 4)])
-    if (kernel == "gather" and kernel not in _tile_override
-            and 4 * points < _GATHER_SPARSE[0] * value.shape[1]):
+    if kernel == "gather" and kernel not in _tile_override and _sparse_rows(value, points):
         block_q, num_warps, *block_p = _GATHER_SPARSE[1]
     if (kernel == "fwd" and kernel not in _tile_override and rows < _FWD_FEW_ROWS
             and value.dtype != torch.float32):
@@ -285,8 +310,10 @@ def grad_value_bound(go: torch.Tensor, attention_weights: torch.Tensor,
     return bound
 
 
-# bucket_fill_kernel's tile: 128 samples a 4-warp program, one a thread.
+# bucket_fill_kernel's, sample_keys_kernel's and sorted_fill_kernel's tile: 128 samples a
+# 4-warp program, one a thread; bucket_starts_kernel's: 1024 buckets.
 _SORT = dict(SAMPLES=128, num_warps=4)
+_STARTS = dict(BLOCK=1024, num_warps=4)
 
 
 def _cells(S: int, L: int) -> int:
@@ -305,16 +332,63 @@ class SortBuffers(NamedTuple):
     ranks: torch.Tensor  # (B * M * Q * L*K,)
 
 
-def sort_buffers(value, sampling_locations) -> SortBuffers:
-    """Zeroed counts and the ranks for the samples of these locations."""
+def _sort_sizes(value, sampling_locations) -> tuple[int, int, int, torch.dtype]:
+    """cells a head, samples, buckets + 1, and the index dtype of both sorts'
+    counts, offsets, ranks and keys: int32 where all fit."""
     B, S, M, _ = value.shape
     _, Q, _, L, K, _ = sampling_locations.shape
     cells = _cells(S, L)
-    samples = B * M * Q * L * K
-    # One index dtype for counts (then offsets) and ranks: int32 where all fit.
-    index = torch.int32 if max(samples, B * M * cells + 1) < 2**31 else torch.int64
-    return SortBuffers(cells, torch.zeros(B * M * cells + 1, device=value.device, dtype=index),
+    samples, buckets = B * M * Q * L * K, B * M * cells + 1
+    return cells, samples, buckets, (torch.int32 if max(samples, buckets) < 2**31
+                                     else torch.int64)
+
+
+def sort_buffers(value, sampling_locations) -> SortBuffers:
+    """Zeroed counts and the ranks for the samples of these locations."""
+    cells, samples, buckets, index = _sort_sizes(value, sampling_locations)
+    return SortBuffers(cells, torch.zeros(buckets, device=value.device, dtype=index),
                        torch.empty(samples, device=value.device, dtype=index))
+
+
+def _record_words(acc_dtype) -> torch.dtype:
+    # A record's 4 words hold acc_dtype's bits.
+    return torch.int64 if acc_dtype is tl.float64 else torch.int32
+
+
+def _sample_tile(L: int, K: int, acc_dtype) -> dict:
+    """bucket_fill_kernel's and sample_keys_kernel's launch constants."""
+    block_p = min(_next_pow2(L * K), _SORT["SAMPLES"])
+    return dict(BLOCK_Q=_SORT["SAMPLES"] // block_p, BLOCK_P=block_p, ACC=acc_dtype,
+                num_warps=_SORT["num_warps"])
+
+
+def stable_bucket_records(value, spatial_shapes, sampling_locations, attention_weights,
+                          acc_dtype):
+    """The samples bucketed by cell by a stable sort (sorted_buckets.py):
+    (cells, offsets, records) as bucket_records gives them, with each
+    bucket's entries in sample order, the same every run."""
+    _, Q, M, L, K, _ = sampling_locations.shape
+    cells, samples, buckets, index = _sort_sizes(value, sampling_locations)
+    keys = torch.empty(samples, device=value.device, dtype=index)
+    tile = _sample_tile(L, K, acc_dtype)
+    # Each buffer allocated when first written and dropped after its last
+    # read: the radix sort's own buffers are the peak.
+    with _device_guard(value):
+        sample_keys_kernel[_grid(value, Q, tile["BLOCK_Q"])](
+            spatial_shapes, sampling_locations, keys, Q, cells, *sampling_locations.stride(),
+            L=L, K=K, **tile)
+        sorted_keys, perm = torch.sort(keys, stable=True)
+        del keys
+        offsets = torch.empty(buckets, device=value.device, dtype=index)
+        bucket_starts_kernel[(-(-buckets // _STARTS["BLOCK"]),)](
+            sorted_keys, offsets, samples, buckets, samples.bit_length(), **_STARTS)
+        del sorted_keys
+        records = torch.empty(samples, 4, device=value.device, dtype=_record_words(acc_dtype))
+        sorted_fill_kernel[(-(-samples // _SORT["SAMPLES"]),)](
+            perm, spatial_shapes, sampling_locations, attention_weights, records, samples, Q, M,
+            *sampling_locations.stride(), *attention_weights.stride(), L=L, K=K,
+            BLOCK=_SORT["SAMPLES"], ACC=acc_dtype, num_warps=_SORT["num_warps"])
+    return cells, offsets, records
 
 
 def bucket_records(value, spatial_shapes, sampling_locations, attention_weights,
@@ -325,11 +399,9 @@ def bucket_records(value, spatial_shapes, sampling_locations, attention_weights,
     int32 for fp32 acc_dtype, int64 for fp64) holds its query and the bits of
     its attention weight and bilinear fractions lx, ly (acc_dtype)."""
     _, Q, _, L, K, _ = sampling_locations.shape
-    words = torch.int64 if acc_dtype is tl.float64 else torch.int32
-    records = torch.empty(sort.ranks.numel(), 4, device=value.device, dtype=words)
-    block_p = min(_next_pow2(L * K), _SORT["SAMPLES"])
-    fill = dict(BLOCK_Q=_SORT["SAMPLES"] // block_p, BLOCK_P=block_p, ACC=acc_dtype,
-                num_warps=_SORT["num_warps"])
+    records = torch.empty(sort.ranks.numel(), 4, device=value.device,
+                          dtype=_record_words(acc_dtype))
+    fill = _sample_tile(L, K, acc_dtype)
     offsets = sort.counts
     with _device_guard(value):
         # Exclusive starts: counts[0] stays 0, bucket i's count was at i + 1.
@@ -342,28 +414,36 @@ def bucket_records(value, spatial_shapes, sampling_locations, attention_weights,
 
 
 def _deterministic_grad_value(go, value, spatial_shapes, level_start_index, sampling_locations,
-                              attention_weights, sort: SortBuffers, acc_dtype) -> torch.Tensor:
+                              attention_weights, sort: SortBuffers | None,
+                              acc_dtype) -> torch.Tensor:
     """grad_value in value's dtype, without atomics: the samples bucketed by
-    cell (msda_bwd_kernel ranked them into ``sort``), then gathered per value
-    row (bucket_kernels.py) and summed as integers at the row's own exponent
-    (fixed_point.py: int64; 16-bit values int32 from terms rounded in fp32,
-    exact_sums.py)."""
+    cell, then gathered per value row (bucket_kernels.py).  With ``sort``
+    (msda_bwd_kernel ranked them into it: the counting sort) summed as
+    integers at the row's own exponent (fixed_point.py: int64; 16-bit values
+    int32 from terms rounded in fp32, exact_sums.py); without (the stable
+    sort, stable_bucket_records) summed in float in sample order."""
     B, S, M, D = value.shape
     _, Q, _, L, K, _ = sampling_locations.shape
-    query_max = torch.empty(B, Q, M, device=value.device,
-                            dtype=torch.float64 if go.dtype == torch.float64 else torch.float32)
-    bound = grad_value_bound(go, attention_weights, query_max)
-    offsets, records = bucket_records(value, spatial_shapes, sampling_locations,
-                                      attention_weights, sort, acc_dtype)
+    if sort is None:
+        cells, offsets, records = stable_bucket_records(
+            value, spatial_shapes, sampling_locations, attention_weights, acc_dtype)
+        bound = query_max = None
+    else:
+        query_max = torch.empty(B, Q, M, device=value.device, dtype=torch.float64
+                                if go.dtype == torch.float64 else torch.float32)
+        bound = grad_value_bound(go, attention_weights, query_max)
+        offsets, records = bucket_records(value, spatial_shapes, sampling_locations,
+                                          attention_weights, sort, acc_dtype)
+        cells = sort.cells
     grad_value = torch.empty(value.shape, device=value.device, dtype=value.dtype)
     # A bucket holds at most a head's Q * L * K samples: BLOCK_E needs no more.
     tile = _tile("gather", value, Q * L * K, B * S * M)
     with _device_guard(value):
         grad_value_gather_kernel[_grid(value, S, tile["BLOCK_Q"])](
             go, spatial_shapes, level_start_index, bound, query_max, offsets, records,
-            grad_value, Q, S, sort.cells, D, *go.stride(), *grad_value.stride()[:3],
+            grad_value, Q, S, cells, D, *go.stride(), *grad_value.stride()[:3],
             L=L, BLOCK_S=tile["BLOCK_Q"], BLOCK_E=tile["BLOCK_P"],
-            BLOCK_D=tile["BLOCK_D"], ACC=acc_dtype,
+            BLOCK_D=tile["BLOCK_D"], ACC=acc_dtype, FIXED=sort is not None,
             FP32_TERMS=value.element_size() == 2 and acc_dtype is tl.float32,
             num_warps=tile["num_warps"])
     return grad_value
@@ -374,6 +454,7 @@ class BackwardPlan(NamedTuple):
     grid: tuple
     meta: dict  # tile, L, K, ACC, SOFTMAX
     accum: torch.dtype | None  # grad_value's atomics dtype; None: deterministic
+    sort: str | None  # the deterministic backward's deterministic_sort
     g_dtype: torch.dtype  # the weights' gradient as the kernel stores it
     strides: tuple  # value's, the locations' and the weights'
     sizes: tuple  # Q, S, D
@@ -403,16 +484,17 @@ def plan_backward(value, sampling_locations, attention_weights, fp32_grad_accum:
     g_dtype = (torch.promote_types(attention_weights.dtype, torch.float32) if softmax
                else attention_weights.dtype)
     accum = None if deterministic else (torch.float32 if fp32_grad_accum else value.dtype)
+    sort = deterministic_sort(value, Q * L * K) if deterministic else None
     strides = (*value.stride(), *sampling_locations.stride(), *attention_weights.stride())
     return BackwardPlan(_grid(value, Q, tile["BLOCK_Q"]),
-                        dict(tile, L=L, K=K, ACC=acc, SOFTMAX=softmax), accum, g_dtype,
+                        dict(tile, L=L, K=K, ACC=acc, SOFTMAX=softmax), accum, sort, g_dtype,
                         strides, (Q, S, D), M)
 
 
 def run_backward(plan: BackwardPlan, grad_output, value, spatial_shapes, level_start_index,
                  sampling_locations, attention_weights):
     """msda_backward with its plan_backward made before."""
-    grid, meta, accum, g_dtype, strides, sizes, M = plan
+    grid, meta, accum, det_sort, g_dtype, strides, sizes, M = plan
     # torch.empty: one aten op where new_empty is two.
     grad_loc = torch.empty(sampling_locations.shape, dtype=sampling_locations.dtype,
                            device=value.device)
@@ -427,9 +509,9 @@ def run_backward(plan: BackwardPlan, grad_output, value, spatial_shapes, level_s
     gob, goq, goc = grad_output.stride()
     go_strides = (gob, goq, sizes[2] * goc, goc)
     grad_value, pdl, gv_strides = None, False, (0, 0, 0)
-    sort = sort_buffers(value, sampling_locations) if accum is None else None
+    sort = sort_buffers(value, sampling_locations) if det_sort == "counting" else None
     ranks, counts, cells = (None,) * 3 if sort is None else (sort.ranks, sort.counts, sort.cells)
-    if sort is None:
+    if accum is not None:
         grad_value = torch.empty(value.shape, device=value.device, dtype=accum)
         gv_strides = grad_value.stride()[:3]
         # The fill must be the kernel right before the backward: with PDL the
@@ -461,10 +543,11 @@ def msda_backward(grad_output, value, spatial_shapes, level_start_index, samplin
 
     fp32_grad_accum: accumulate grad_value in an fp32 scratch buffer and
     round once at the end instead of atomically adding in value's dtype.
-    deterministic: sum grad_value in fixed point instead, integers at each
-    value row's own exponent, gathered per value row without atomics
-    (fp32_grad_accum is then unused): bitwise the same every run (see
-    bucket_kernels.py and docs/determinism.md).
+    deterministic: gather grad_value per value row without atomics instead,
+    from the samples sorted by cell (deterministic_sort: a stable sort and
+    float sums in sample order, or a counting sort and integer sums at each
+    row's own exponent; fp32_grad_accum is then unused): bitwise the same
+    every run (see bucket_kernels.py and docs/determinism.md).
     softmax: attention_weights are logits (msda_forward's ``softmax``) and
     grad_attn is their gradient, taken in the same kernel; not with
     ``deterministic``, whose grad_value takes the weights themselves (msda.py

@@ -13,9 +13,10 @@ synchronisation happens in either direction (CUDA-graph capturable).
 Determinism: the forward has no atomics.  By default the Triton backward
 sums grad_value with float atomic adds (the order, and so the rounding,
 varies run to run); with ``deterministic=True`` or under
-``torch.use_deterministic_algorithms(True)`` it sums it without atomics, in
-fixed point per value row, which gives bitwise-identical gradients
-every run (docs/determinism.md).
+``torch.use_deterministic_algorithms(True)`` it sums it without atomics,
+gathered per value row in an order or at a precision that no scheduling
+changes, which gives bitwise-identical gradients every run
+(docs/determinism.md).
 """
 from __future__ import annotations
 
@@ -72,7 +73,7 @@ def _is_empty(value: Tensor, sampling_locations: Tensor) -> bool:
 
 
 def resolve_deterministic(deterministic: Optional[bool]) -> bool:
-    """Whether the backward sums grad_value in fixed point (bitwise the same
+    """Whether the backward sums grad_value without atomics (bitwise the same
     every run): as asked, or (None) as torch.are_deterministic_algorithms_enabled()
     says when the backward runs."""
     if deterministic is None:
@@ -93,8 +94,8 @@ def _alert_nondeterministic() -> None:
     if torch.is_deterministic_algorithms_warn_only_enabled():
         warnings.warn(msg + " with warn_only=True.", stacklevel=3)
     else:
-        raise RuntimeError(msg + ". Use deterministic=None or True (fixed-point "
-                           "accumulation), or warn_only=True.")
+        raise RuntimeError(msg + ". Use deterministic=None or True (grad_value "
+                           "gathered per value row), or warn_only=True.")
 
 
 def _forward_impl(value, spatial_shapes, level_start_index, sampling_locations,
@@ -127,7 +128,7 @@ def _backward_impl(grad_output, value, spatial_shapes, level_start_index, sampli
 
 def _deterministic_backward(grad_output, value, spatial_shapes, level_start_index,
                             sampling_locations, attention_weights, softmax):
-    """The fixed-point backward; with ``softmax`` the weights are logits: it
+    """The deterministic backward; with ``softmax`` the weights are logits: it
     runs on their point_softmax p (its grad_value needs the weights),
     and the logits' gradient is softmax's own backward of grad_attn.
 
@@ -279,21 +280,24 @@ def multi_scale_deformable_attention(
             value's dtype with native atomics (False), or choose from the
             device (None): fp32 only for bf16 below compute capability 9.0.
             Unused by the deterministic backward.
-        deterministic: sum grad_value in fixed point (True), so that
+        deterministic: sum grad_value without atomics (True), so that
             the backward gives bitwise-identical gradients run to run (same
             inputs, device model, msda_mm and Triton versions); with float
             atomic adds (False: raises under
             ``torch.use_deterministic_algorithms(True)``, warns with
             ``warn_only=True``); or as
             ``torch.are_deterministic_algorithms_enabled()`` says when the
-            backward runs (None).  The fixed point's scale is a power of two
-            per value row, from its own largest term taken on the device:
-            grad_value is at least as accurate as with
-            fp32_grad_accum=True, and NaN throughout a head whose
-            grad_output or attention_weights hold inf or NaN (or whose bound
-            passes 2**127, 2**1023 for fp64 inputs).  The cost: the
-            samples counting-sorted by cell on the device, then a gather
-            per value row instead of atomics (docs/determinism.md).
+            backward runs (None).  The samples are sorted by cell on the
+            device, then gathered per value row.  Dense rows (the
+            encoders) take a stable sort and sum in fp32 (fp64 for fp64
+            values) in sample order: grad_value is what fp32_grad_accum=True
+            gives up to the order of the adds, and inf or NaN reach only the
+            rows their terms reach.  Sparse rows (the decoders) take a
+            counting sort and sum exact integers at a power-of-two scale per
+            value row: at least as accurate as fp32_grad_accum=True, and NaN
+            throughout a head whose grad_output or attention_weights hold
+            inf or NaN (or whose bound passes 2**127, 2**1023 for fp64
+            inputs) (docs/determinism.md).
             grad_sampling_locations and
             grad_attention_weights have no atomics: deterministic either way.
         softmax: attention_weights are raw logits, and the weights are

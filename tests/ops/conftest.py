@@ -19,3 +19,11 @@ def pairs_launches(monkeypatch):
     monkeypatch.setattr(launch, "msda_fwd_pairs_kernel", Spy())
     with launch.tile_override(pairs=(4, 1)):
         yield launches
+
+
+@pytest.fixture(params=launch._SORTS)
+def sort(request):
+    """Each of the deterministic backward's sorts, whatever the rows' density
+    (launch.deterministic_sort); yields its name."""
+    with launch.tile_override(sort=request.param):
+        yield request.param

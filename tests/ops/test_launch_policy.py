@@ -105,15 +105,27 @@ def test_pdl_only_on_nvidia_sm90_outside_the_interpreter(monkeypatch):
     assert not launch.pdl_available(cuda)
 
 
-@pytest.mark.parametrize("Q, S, want", [(300, 22223, (32, 1, 1)), (22223, 22223, (2, 1, 16)),
-                                         (1000, 1000, (2, 1, 16))])
-def test_gather_tile_follows_the_entries_per_value_row(Q, S, want):
-    # Entries a row: 4 * Q * L*K / S with L*K = 16: 0.9 (decoder), 64 (encoder), 64.
+@pytest.mark.parametrize("Q, S, want, sort", [(300, 22223, (32, 1, 1), "counting"),
+                                               (900, 8500, (32, 1, 1), "counting"),
+                                               (22223, 22223, (4, 1, 16), "stable"),
+                                               (1000, 1000, (4, 1, 16), "stable")])
+def test_gather_tile_and_sort_follow_the_entries_per_value_row(Q, S, want, sort):
+    # Entries a row: 4 * Q * L*K / S with L*K = 16: 0.9 (decoder), 6.8 (DINO's
+    # decoder on 640 x 512 images), 64 (encoder), 64.
     value = torch.empty(2, S, 8, 32, dtype=torch.bfloat16, device="meta")
+    assert launch.deterministic_sort(value, Q * 16) == sort
     tile = launch._tile("gather", value, Q * 16, 2 * S * 8)
     assert (tile["BLOCK_Q"], tile["num_warps"], tile["BLOCK_P"]) == want
     fp32 = launch._tile("gather", value.float(), Q * 16, 2 * S * 8)
-    assert (fp32["BLOCK_Q"], fp32["BLOCK_P"]) == ((32, 1) if want[0] == 32 else (2, 16))
-    with launch.tile_override(gather=(4, 2, 4)):
+    assert (fp32["BLOCK_Q"], fp32["BLOCK_P"]) == (want[0], want[2])
+    other = "stable" if sort == "counting" else "counting"
+    with launch.tile_override(gather=(4, 2, 4), sort=other):
+        assert launch.deterministic_sort(value, Q * 16) == other
         tile = launch._tile("gather", value, Q * 16, 2 * S * 8)
         assert (tile["BLOCK_Q"], tile["num_warps"], tile["BLOCK_P"]) == (4, 2, 4)
+
+
+def test_an_unknown_sort_is_refused():
+    with pytest.raises(ValueError, match="sort must be one of .'stable', 'counting'., got 'radix'"):
+        with launch.tile_override(sort="radix"):
+            pass

@@ -1,11 +1,13 @@
 """The deterministic backward's bucketed gather in the interpreter: the
-counting sort against a PyTorch histogram, and grad_value bitwise the
-PyTorch fixed-point reference (fixed_point_reference.py) where buckets are
-as full as they get, where samples sit on the level borders, and whatever
-the gather kernel's tile."""
+counting sort against a PyTorch histogram, the stable sort against a PyTorch
+stable sort, grad_value close to fp64 with each sort (the ``sort`` fixture)
+where buckets are as full as they get and where samples sit on the level
+borders, and with the counting sort bitwise the PyTorch fixed-point
+reference (fixed_point_reference.py) whatever the gather kernel's tile."""
 import numpy as np
 import pytest
 import torch
+import triton.language as tl
 
 from msda_mm.ops import launch
 
@@ -25,20 +27,23 @@ def _grad_value(args, g, **kw):
     return run_op(args, grad_out=g, deterministic=True, **kw)[1]["value"]
 
 
-def _check(args, seed=0):
-    """grad_value bitwise the fixed-point reference, and close to fp64."""
+def _check(args, sort, seed=0):
+    """grad_value close to fp64 and, with the counting sort, bitwise the
+    fixed-point reference."""
     B, Q, M = args["attention_weights"].shape[:3]
     g = torch.randn(B, Q, M * args["value"].shape[3], dtype=torch.float64,
                     generator=torch.Generator().manual_seed(seed)).to(args["value"].dtype)
     got = _grad_value(args, g)
-    want = fixed_point_grad_value(args["value"], args["spatial_shapes"],
-                                  args["sampling_locations"], args["attention_weights"], g)
-    torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)
+    if sort == "counting":
+        want = fixed_point_grad_value(args["value"], args["spatial_shapes"],
+                                      args["sampling_locations"], args["attention_weights"], g)
+        torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)
     f64 = {k: (v.double() if k in FLOAT_INPUTS else v) for k, v in args.items()}
     truth = run_op(f64, fn=reference_fn, grad_out=g.double())[1]["value"]
     # The existing accuracy floor (msda_inputs.FLOOR): each term loses at most
     # 2**(N-61) of its row's largest |c| * g_q (n < 2**N entries; 16-bit values
-    # 2**-22) besides the fp32 set-up's and the store's roundings.
+    # 2**-22), or an fp32 (fp64) add's rounding, besides the fp32 set-up's and
+    # the store's roundings.
     assert rel_err(got, truth) <= FLOOR[args["value"].dtype]
     return got
 
@@ -50,20 +55,20 @@ def _with_locations(args, x, y):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_random_locations_match_the_fixed_point_reference(dtype):
-    got = _check(_inputs(dtype, seed=1), seed=1)
+def test_random_locations_match_the_references(dtype, sort):
+    got = _check(_inputs(dtype, seed=1), sort, seed=1)
     assert got.count_nonzero() > 0
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-def test_every_sample_in_one_cell(dtype):
+def test_every_sample_in_one_cell(dtype, sort):
     # All locations equal: per (b, m, level) one bucket holds the head's 12
     # samples of that level (Q 6 x K 2; three steps of BLOCK_E = 4 under the
     # override), and its four corner rows take them all.
     args = _with_locations(_inputs(dtype, seed=2), 0.43, 0.61)
-    _check(args, seed=2)
+    _check(args, sort, seed=2)
     with launch.tile_override(gather=(1, 1, 4)):
-        _check(args, seed=2)
+        _check(args, sort, seed=2)
 
 
 def _borders(dtype):
@@ -83,10 +88,10 @@ def _borders(dtype):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
-def test_samples_on_the_borders(dtype):
+def test_samples_on_the_borders(dtype, sort):
     # x_im = -1 touches column 0 with weight lx = 0; just under W touches
     # column W-1; W and below -1 are outside (no bucket, no term).
-    got = _check(_borders(dtype), seed=3)
+    got = _check(_borders(dtype), sort, seed=3)
     assert got.count_nonzero() > 0
 
 
@@ -112,28 +117,35 @@ def _sorted_samples(monkeypatch, args):
     return kept[0]
 
 
+def _samples(args, cells):
+    """Each live sample's (bucket, query) as one key, its w, lx, ly, and its
+    slot in the (B, M, Q, L, K) samples, from PyTorch; in slot order."""
+    loc, attn = args["sampling_locations"], args["attention_weights"]
+    B, Q, M, L, K, _ = loc.shape
+    x_im = loc[..., 0] * args["spatial_shapes"][:, 1, None] - 0.5  # (B, Q, M, L, K)
+    y_im = loc[..., 1] * args["spatial_shapes"][:, 0, None] - 0.5
+    H, W = args["spatial_shapes"][:, 0, None], args["spatial_shapes"][:, 1, None]
+    start = torch.cat([torch.zeros(1, dtype=torch.int64), ((H + 1) * (W + 1)).cumsum(0)[:-1, 0]])
+    live = (x_im >= -1) & (x_im < W) & (y_im >= -1) & (y_im < H)
+    cell = start[:, None] + (y_im.floor().long() + 1) * (W + 1) + x_im.floor().long() + 1
+    head = torch.arange(B)[:, None, None, None, None] * M + torch.arange(M)[:, None, None]
+    query = torch.arange(Q)[:, None, None, None].expand_as(cell)
+    slot = torch.arange(B * M * Q * L * K).view(B, M, Q, L, K).permute(0, 2, 1, 3, 4)
+    weights = torch.stack([attn, x_im - x_im.floor(), y_im - y_im.floor()])
+    order = slot[live].argsort()
+    return (((head * cells + cell) * Q + query)[live][order], weights[:, live][:, order],
+            slot[live][order])
+
+
 def test_bucket_counts_are_the_histogram_of_the_cells(monkeypatch):
     args = _inputs(torch.float32, seed=4, Q=9)
-    value, loc, attn = args["value"], args["sampling_locations"], args["attention_weights"]
-    B, S, M, _ = value.shape
-    _, Q, _, L, K, _ = loc.shape
-    loc[0, 0, 0, 0, 0] = float("nan")  # never live: in no bucket
+    B, S, M, _ = args["value"].shape
+    _, Q, _, L, K, _ = args["sampling_locations"].shape
+    args["sampling_locations"][0, 0, 0, 0, 0] = float("nan")  # never live: in no bucket
     cells, offsets, records = _sorted_samples(monkeypatch, args)
     assert records.dtype == torch.int32 and records.shape == (B * Q * M * L * K, 4)
     queries, fields = records[:, 0], records[:, 1:].view(torch.float32).T  # w, lx, ly
-    # Each live sample's (bucket, query) as one key and its w, lx, ly, from PyTorch.
-    keys, weights, start = [], [], 0
-    head = torch.arange(B)[:, None, None, None] * M + torch.arange(M)[None, None, :, None]
-    for lvl, (H, W) in enumerate(SHAPES):
-        x_im, y_im = loc[:, :, :, lvl, :, 0] * W - 0.5, loc[:, :, :, lvl, :, 1] * H - 0.5
-        live = (x_im >= -1) & (x_im < W) & (y_im >= -1) & (y_im < H)
-        cell = start + (y_im.floor().long() + 1) * (W + 1) + x_im.floor().long() + 1
-        query = torch.arange(Q)[None, :, None, None].expand_as(cell)
-        keys.append(((head * cells + cell) * Q + query)[live])
-        lx, ly = x_im - x_im.floor(), y_im - y_im.floor()
-        weights.append(torch.stack([attn[:, :, :, lvl], lx, ly])[:, live])
-        start += (H + 1) * (W + 1)
-    keys, weights = torch.cat(keys), torch.cat(weights, 1)
+    keys, weights, _ = _samples(args, cells)
     hist = torch.bincount(keys // Q, minlength=B * M * cells)
     assert offsets[0] == 0 and torch.equal(offsets.diff().long(), hist)
     # Each bucket holds its own samples' records, in some order: sorted by
@@ -145,21 +157,40 @@ def test_bucket_counts_are_the_histogram_of_the_cells(monkeypatch):
     torch.testing.assert_close(fields[:, got], weights[:, want], rtol=0, atol=0)
 
 
+def test_stable_sort_holds_each_cells_samples_in_sample_order():
+    # As a PyTorch stable sort of the live samples by bucket gives them: the
+    # same records in the same order, each bucket starting where its keys do.
+    args = _inputs(torch.float32, seed=4, Q=9)
+    args["sampling_locations"][1, 2, 1, 1, 0] = float("nan")  # never live: in no bucket
+    cells, offsets, records = launch.stable_bucket_records(
+        args["value"], args["spatial_shapes"], args["sampling_locations"],
+        args["attention_weights"], tl.float32)
+    keys, weights, _ = _samples(args, cells)
+    Q = args["sampling_locations"].shape[1]
+    buckets, order = (keys // Q).sort(stable=True)
+    assert torch.equal(records[:len(keys), 0].long(), (keys % Q)[order])
+    torch.testing.assert_close(records[:len(keys), 1:].view(torch.float32).T,
+                               weights[:, order], rtol=0, atol=0)
+    everyone = torch.arange(offsets.numel())
+    assert torch.equal(offsets.long(), torch.searchsorted(buckets, everyone))
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-def test_gather_tiles_leave_grad_value_bitwise_unchanged(dtype):
+def test_counting_sort_gather_tiles_leave_grad_value_bitwise_unchanged(dtype):
     # Other rows a program, entries a step and sum trees (16-bit: int32
     # sums a step, int64 across steps).
     args = _inputs(dtype, seed=5, lo=0.3, hi=0.7)
     g = torch.randn(2, 6, 8, generator=torch.Generator().manual_seed(5)).to(dtype)
-    first = _grad_value(args, g)
-    for tile in [(1, 1, 1), (1, 1, 2), (2, 1, 4), (4, 2, 2), (8, 1, 16), (32, 4, 8)]:
-        with launch.tile_override(gather=tile):
-            torch.testing.assert_close(_grad_value(args, g), first, rtol=0, atol=0)
+    with launch.tile_override(sort="counting"):
+        first = _grad_value(args, g)
+        for tile in [(1, 1, 1), (1, 1, 2), (2, 1, 4), (4, 2, 2), (8, 1, 16), (32, 4, 8)]:
+            with launch.tile_override(gather=tile):
+                torch.testing.assert_close(_grad_value(args, g), first, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("shapes", [((4, 5), (3, 3)),  # the last level runs 3 rows past S
                                     ((4, 5), (40000, 60000))])  # cells far past the bound
-def test_shapes_that_disagree_with_value_stay_in_bounds(shapes):
+def test_shapes_that_disagree_with_value_stay_in_bounds(shapes, sort):
     # As test_msda_edge_cases' test for the float path: the launcher called
     # directly (the op would raise on CPU shapes), value covering level 0 and 6
     # positions of level 1.  Rows past the shapes' cells and cells past the
@@ -185,7 +216,8 @@ def test_a_row_of_520_equal_largest_terms_sums_exactly(dtype):
     args["sampling_locations"][..., 0], args["sampling_locations"][..., 1] = 0.5, 0.375
     args["attention_weights"].fill_(1.0)
     g = torch.full((1, 260, 4), 1 - 2.0**-8, dtype=dtype)
-    got = _grad_value(args, g)
+    with launch.tile_override(sort="counting"):  # rows this dense take the stable sort
+        got = _grad_value(args, g)
     want = torch.zeros_like(got)
     want[0, 1 * 5 + 2] = 520 * (1 - 2.0**-8)  # rounded to dtype as the kernel's one rounding
     torch.testing.assert_close(got, want, rtol=0, atol=0)

@@ -1,7 +1,9 @@
-"""The deterministic backward (fixed-point grad_value) in the
-interpreter: bitwise-identical gradients whatever the launch order, accuracy
-against fp64, the fixed point's scale and its NaN fallback.  The same
-properties at realistic shapes on the GPU: test_msda_deterministic_gpu.py."""
+"""The deterministic backward in the interpreter, with each sort (the
+``sort`` fixture): bitwise-identical gradients whatever the launch order,
+accuracy against fp64; the counting sort's fixed point: its scale, its
+independence of the queries' order and its NaN fallback; the stable sort's
+float sums: non-finite terms reach only their own rows.  The same properties
+at realistic shapes on the GPU: test_msda_deterministic_gpu.py."""
 import pytest
 import torch
 
@@ -36,19 +38,29 @@ def assert_equal(a, b):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_runs_tiles_and_query_orders_give_bitwise_identical_gradients(dtype):
+def test_runs_and_tiles_give_bitwise_identical_gradients(dtype, sort):
     args = _crowded(dtype)
     _, first, g = run_op(args, deterministic=True)
-    # Repeats, other tiles (BLOCK_Q x warps x BLOCK_P: other programs own
-    # each query, other chunks each point), then the queries reversed.
+    # Repeats, then other tiles (BLOCK_Q x warps x BLOCK_P: other programs
+    # own each query, other chunks each point).
     tiles = [None] * 3 + [(1, 1, 1), (1, 1, 2), (2, 1, 4), (4, 2, 2), (8, 1, 16)]
     for tile in tiles:
         with launch.tile_override(bwd=tile):
             _, grads, _ = run_op(args, grad_out=g, deterministic=True)
-        assert_equal(grads["value"], first["value"])
-    perm = torch.arange(args["attention_weights"].shape[1]).flip(0)
-    perm_args, perm_g = permuted(args, g, perm)
-    _, grads, _ = run_op(perm_args, grad_out=perm_g, deterministic=True)
+        for k in first:
+            assert_equal(grads[k], first[k])
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_counting_sort_gives_grad_value_bitwise_whatever_the_query_order(dtype):
+    # Integer sums: the queries reversed add the same integers.  (The stable
+    # sort sums in sample order, which follows the queries'.)
+    args = _crowded(dtype)
+    with launch.tile_override(sort="counting"):
+        _, first, g = run_op(args, deterministic=True)
+        perm = torch.arange(args["attention_weights"].shape[1]).flip(0)
+        perm_args, perm_g = permuted(args, g, perm)
+        _, grads, _ = run_op(perm_args, grad_out=perm_g, deterministic=True)
     assert_equal(grads["value"], first["value"])
     # Written once per element, never added to: each is its query's own.
     assert_equal(grads["sampling_locations"], first["sampling_locations"][:, perm])
@@ -68,7 +80,7 @@ def test_float_atomics_do_depend_on_the_query_order():
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_locations_and_weights_gradients_are_the_default_backwards(dtype):
+def test_locations_and_weights_gradients_are_the_default_backwards(dtype, sort):
     # The deterministic mode changes grad_value's accumulation only.
     args = _crowded(dtype, seed=1)
     _, det, g = run_op(args, deterministic=True)
@@ -99,12 +111,14 @@ def errors(args, grad_out, metric=rel_err):
 
 @pytest.mark.parametrize("seed", range(3))
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_grad_value_is_no_less_accurate_than_the_fp32_accumulator(dtype, seed):
+def test_grad_value_is_no_less_accurate_than_the_fp32_accumulator(dtype, seed, sort):
     args = _crowded(dtype, seed=seed)
     gen = torch.Generator().manual_seed(seed)
     g = torch.randn(1, 6, 8, dtype=torch.float64, generator=gen).to(dtype)
     det, fp32 = errors(args, g)
-    assert det <= fp32 + ONE_ROUNDING.get(dtype, 0.0), (det, fp32, seed)
+    # The stable sort's fp32 sums round where the atomics' do, in another order.
+    assert det <= fp32 + ONE_ROUNDING.get(dtype, 2.0**-24 if sort == "stable" else 0.0), (
+        det, fp32, seed)
     assert det <= FLOOR[dtype], (det, seed)
 
 
@@ -118,7 +132,8 @@ def mixed_sizes(g, spread, seed):
 
 @pytest.mark.parametrize("dtype,spread", [(torch.bfloat16, 40), (torch.float16, 20),
                                           (torch.float32, 40)], ids=str)
-def test_rows_of_small_queries_are_as_accurate_as_with_the_fp32_accumulator(dtype, spread):
+def test_rows_of_small_queries_are_as_accurate_as_with_the_fp32_accumulator(dtype, spread,
+                                                                            sort):
     # Queries 2**spread apart, few samples a row: a row that only small
     # queries reach gets its own exponent and keeps every bit a row of the
     # large ones keeps; one exponent for the head would leave it spread / 2
@@ -134,7 +149,8 @@ def test_rows_of_small_queries_are_as_accurate_as_with_the_fp32_accumulator(dtyp
 
 @pytest.mark.parametrize("dtype,spread", [(torch.bfloat16, 40), (torch.float16, 20),
                                           (torch.float32, 40), (torch.float64, 80)], ids=str)
-def test_rows_far_below_their_heads_largest_term_keep_their_own_precision(dtype, spread):
+def test_rows_far_below_their_heads_largest_term_keep_their_own_precision(dtype, spread,
+                                                                          sort):
     # One head, fp32 locations and weights as under AMP, queries 2**spread
     # apart (fp16: 2**20, its range): a row whose terms add up to 2**-39 of the
     # largest row's keeps the precision the fp32 accumulator gives it.
@@ -156,12 +172,13 @@ def test_rows_far_below_their_heads_largest_term_keep_their_own_precision(dtype,
                                          (torch.bfloat16, 100), (torch.bfloat16, -100),
                                          (torch.float16, 8),
                                          (torch.float64, 900), (torch.float64, -900)], ids=str)
-def test_the_scale_follows_grad_output_exactly(dtype, power):
+def test_the_scale_follows_grad_output_exactly(dtype, power, sort):
     # The fixed point's exponent comes from grad_output's size: the same terms
     # scaled by a power of two give the same integers, so grad_value scales
-    # exactly.  2**-100 needs more than fp32's largest exponent (applied as
-    # two factors); 2**100 a negative one.  (fp16 only upwards: downwards its
-    # small gradients would turn subnormal and round differently.)
+    # exactly; so do float sums, none over- or underflowing.  2**-100 needs
+    # more than fp32's largest exponent (applied as two factors); 2**100 a
+    # negative one.  (fp16 only upwards: downwards its small gradients would
+    # turn subnormal and round differently.)
     args = _crowded(dtype, seed=2)
     g = torch.randn(1, 6, 8).to(dtype)
     _, base, _ = run_op(args, grad_out=g, deterministic=True)
@@ -172,19 +189,39 @@ def test_the_scale_follows_grad_output_exactly(dtype, power):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("bad", [float("inf"), float("nan")])
 def test_non_finite_grad_output_makes_its_head_nan(bad, dtype):
-    # The documented fallback (no host sync to raise from): every element of
-    # the head (b, m) whose grad_output holds inf or NaN is NaN; the other
-    # heads' row exponents, and so their gradients, are untouched.
+    # The counting sort's documented fallback (no host sync to raise from):
+    # every element of the head (b, m) whose grad_output holds inf or NaN is
+    # NaN; the other heads' row exponents, and so their gradients, are untouched.
     args = _crowded(dtype, seed=3)
     g = torch.randn(1, 6, 8).to(dtype)
-    _, clean, _ = run_op(args, grad_out=g, deterministic=True)
-    g[0, 2, 5] = bad  # query 2, head 1 (D = 4), channel 1
-    _, grads, _ = run_op(args, grad_out=g, deterministic=True)
+    with launch.tile_override(sort="counting"):
+        _, clean, _ = run_op(args, grad_out=g, deterministic=True)
+        g[0, 2, 5] = bad  # query 2, head 1 (D = 4), channel 1
+        _, grads, _ = run_op(args, grad_out=g, deterministic=True)
     assert grads["value"][:, :, 1].isnan().all()
     assert_equal(grads["value"][:, :, 0], clean["value"][:, :, 0])
     _, default, _ = run_op(args, grad_out=g, fp32_grad_accum=True)
     for k in ("sampling_locations", "attention_weights"):
         assert_equal(grads[k], default[k])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("bad", [float("inf"), float("nan")])
+def test_stable_sort_sends_non_finite_terms_to_their_rows_only(bad, dtype):
+    # Float sums, as the default backward's: the rows a query with inf or NaN
+    # in its grad_output reaches get inf or NaN in that channel, every other
+    # element is what it was.
+    args = _crowded(dtype, seed=3)
+    g = torch.randn(1, 6, 8).to(dtype)
+    with launch.tile_override(sort="stable"):
+        _, clean, _ = run_op(args, grad_out=g, deterministic=True)
+        g[0, 2, 5] = bad  # query 2, head 1 (D = 4), channel 1
+        _, grads, _ = run_op(args, grad_out=g, deterministic=True)
+    _, default, _ = run_op(args, grad_out=g, fp32_grad_accum=True)
+    hit = ~grads["value"].isfinite()
+    assert torch.equal(hit, ~default["value"].isfinite()) and hit.any()
+    assert hit[:, :, 1, 1].any() and not hit[:, :, 0].any() and not hit[..., [0, 2, 3]].any()
+    assert_equal(grads["value"][~hit], clean["value"][~hit])
 
 
 def test_nan_weight_and_a_bound_past_fp32_make_their_heads_nan():
@@ -194,7 +231,8 @@ def test_nan_weight_and_a_bound_past_fp32_make_their_heads_nan():
     # Head 1: |grad_output| up to 1e38, a bound past 2**127 (6 queries with
     # weights summing to ~2), which an fp32 term or result could overflow.
     g[..., 4:] *= 1e38 / g[..., 4:].abs().max()
-    _, grads, _ = run_op(args, grad_out=g, deterministic=True)
+    with launch.tile_override(sort="counting"):
+        _, grads, _ = run_op(args, grad_out=g, deterministic=True)
     assert grads["value"].isnan().all()
     bound = launch.grad_value_bound(g.unflatten(-1, (2, 4)), args["attention_weights"])
     assert bound[0, 0].isnan() and bound[0, 1] > 2.0**127
