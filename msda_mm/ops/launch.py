@@ -37,11 +37,14 @@ def interpreter_enabled() -> bool:
 _TILES = {("fwd", 4): (2, 1, 16), ("fwd", 2): (2, 1, 16),
           ("bwd", 4): (1, 1, 8), ("bwd", 2): (1, 1, 16),
           # grad_value_gather_kernel's (BLOCK_S rows, num_warps, BLOCK_E entries a step) for
-          # dense rows (_GATHER_SPARSE), the stable sort's one float pass: TILE_NOTE.
+          # dense rows (_GATHER_SPARSE), the stable sort's float pass: the best of 6 on the
+          # encoder in fp32 (1246.7 us against 1260.9 at (8, 2, 16)), in bf16 1088.8 against
+          # the best 1084.5 at (8, 1, 16).
           ("gather", 4): (4, 1, 16), ("gather", 2): (4, 1, 16)}
-# Below this many entries a value row (4 * Q * L*K / S: decoder 0.9, encoder 64) the gather
-# takes many rows a program: one-entry rows make the grid the cost (fp32 decoder 120.0 us at
-# (32, 1, 1) against 146.3 at (8, 1, 2); bf16 111.6 against 122.7).
+# Below this many entries a value row (4 * Q * L*K / S: decoder 0.9, encoder 64) the
+# deterministic backward takes the counting sort (deterministic_sort: bf16 decoder 109.0 us
+# against the stable sort's 157.4) and its gather many rows a program: one-entry rows make
+# the grid the cost (fp32 decoder 120.0 us at (32, 1, 1) against 146.3 at (8, 1, 2)).
 _GATHER_SPARSE = (8, (32, 1, 1))
 # Below this many (batch, query, head) rows a 16-bit (and fp64) forward takes 1 query a
 # program: bf16 decoder 15.6 us against 16.5 with 2 (fp32 keeps 2; docs/design.md).

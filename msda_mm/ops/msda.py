@@ -14,9 +14,8 @@ Determinism: the forward has no atomics.  By default the Triton backward
 sums grad_value with float atomic adds (the order, and so the rounding,
 varies run to run); with ``deterministic=True`` or under
 ``torch.use_deterministic_algorithms(True)`` it sums it without atomics,
-gathered per value row in an order or at a precision that no scheduling
-changes, which gives bitwise-identical gradients every run
-(docs/determinism.md).
+per value row in a fixed order or exactly, which gives bitwise-identical
+gradients every run (docs/determinism.md).
 """
 from __future__ import annotations
 
