@@ -186,21 +186,28 @@ def test_the_scale_follows_grad_output_exactly(dtype, power, sort):
     assert_equal(scaled["value"], base["value"] * 2.0**power)
 
 
+def _one_bad_grad_output(dtype, bad, sort):
+    """Gradients with ``sort`` for clean grad_output and for it with ``bad``
+    at query 2, head 1 (D = 4), channel 1, and the fp32 accumulator's for the
+    latter: (clean, bad, default)."""
+    args = _crowded(dtype, seed=3)
+    g = torch.randn(1, 6, 8).to(dtype)
+    with launch.tile_override(sort=sort):
+        _, clean, _ = run_op(args, grad_out=g, deterministic=True)
+        g[0, 2, 5] = bad
+        _, grads, _ = run_op(args, grad_out=g, deterministic=True)
+    return clean, grads, run_op(args, grad_out=g, fp32_grad_accum=True)[1]
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("bad", [float("inf"), float("nan")])
 def test_non_finite_grad_output_makes_its_head_nan(bad, dtype):
     # The counting sort's documented fallback (no host sync to raise from):
     # every element of the head (b, m) whose grad_output holds inf or NaN is
     # NaN; the other heads' row exponents, and so their gradients, are untouched.
-    args = _crowded(dtype, seed=3)
-    g = torch.randn(1, 6, 8).to(dtype)
-    with launch.tile_override(sort="counting"):
-        _, clean, _ = run_op(args, grad_out=g, deterministic=True)
-        g[0, 2, 5] = bad  # query 2, head 1 (D = 4), channel 1
-        _, grads, _ = run_op(args, grad_out=g, deterministic=True)
+    clean, grads, default = _one_bad_grad_output(dtype, bad, "counting")
     assert grads["value"][:, :, 1].isnan().all()
     assert_equal(grads["value"][:, :, 0], clean["value"][:, :, 0])
-    _, default, _ = run_op(args, grad_out=g, fp32_grad_accum=True)
     for k in ("sampling_locations", "attention_weights"):
         assert_equal(grads[k], default[k])
 
@@ -211,13 +218,7 @@ def test_stable_sort_sends_non_finite_terms_to_their_rows_only(bad, dtype):
     # Float sums, as the default backward's: the rows a query with inf or NaN
     # in its grad_output reaches get inf or NaN in that channel, every other
     # element is what it was.
-    args = _crowded(dtype, seed=3)
-    g = torch.randn(1, 6, 8).to(dtype)
-    with launch.tile_override(sort="stable"):
-        _, clean, _ = run_op(args, grad_out=g, deterministic=True)
-        g[0, 2, 5] = bad  # query 2, head 1 (D = 4), channel 1
-        _, grads, _ = run_op(args, grad_out=g, deterministic=True)
-    _, default, _ = run_op(args, grad_out=g, fp32_grad_accum=True)
+    clean, grads, default = _one_bad_grad_output(dtype, bad, "stable")
     hit = ~grads["value"].isfinite()
     assert torch.equal(hit, ~default["value"].isfinite()) and hit.any()
     assert hit[:, :, 1, 1].any() and not hit[:, :, 0].any() and not hit[..., [0, 2, 3]].any()
