@@ -21,7 +21,7 @@ from msda_mm.ops import msda_reference, multi_scale_deformable_attention
 
 from .inputs import MSDAInputs
 
-# msda_mm_det: msda_mm with deterministic=True (fixed-point grad_value).
+# msda_mm_det: msda_mm with deterministic=True (grad_value without atomics).
 IMPLS = ("msda_mm", "msda_mm_det", "reference", "mmcv", "mmcv_cuda")
 MSDA_MM = ("msda_mm", "msda_mm_det")
 _MMCV_IMPLS = ("mmcv", "mmcv_cuda")

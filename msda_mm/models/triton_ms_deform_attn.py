@@ -74,8 +74,9 @@ class TritonMSDeformAttn(MultiScaleDeformableAttention):
     device; True/False force fp32 scratch or native atomics), so a config
     can run the pre-Hopper bf16 path on an H100/H200; deterministic, the
     op's choice of a bitwise-reproducible backward (None: follow
-    ``torch.use_deterministic_algorithms``; True: always, fixed-point
-    grad_value; False: float atomics, docs/determinism.md); and fp32_compute:
+    ``torch.use_deterministic_algorithms``; True: always, grad_value summed
+    per value row without atomics; False: float atomics, docs/determinism.md);
+    and fp32_compute:
     run the op on an fp32 copy of the projected value (its output and
     grad_value fp32 too; locations and weights are fp32 anyway), as mmcv's
     ``grid_sample`` path does under autocast, at the fp32 kernels' cost
