@@ -14,6 +14,11 @@ if not HAS_CUDA:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
+def pytest_xdist_auto_num_workers(config):
+    # `-n auto` with a GPU: one process, so that no two share the device.
+    return 0 if HAS_CUDA else None
+
+
 def pytest_collection_modifyitems(config, items):
     # GPU tests are never skipped silently: they say why in the report.
     if HAS_CUDA:
