@@ -14,6 +14,7 @@ if not HAS_CUDA:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: without it, never called
 def pytest_xdist_auto_num_workers(config):
     # `-n auto` with a GPU: one process, so that no two share the device.
     return 0 if HAS_CUDA else None
