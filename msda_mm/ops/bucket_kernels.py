@@ -256,17 +256,17 @@ def grad_value_gather_kernel(
                                 CELLS, L)
         for j0 in range(0, tl.max(n, axis=0), BLOCK_E):
             live, q, c = _entries(records_ptr, lo, mid, n, j0, dy == 0, BLOCK_E, ACC)
+            if FIXED:
+                g = _query_max(gq_ptr, b, m, q, live, Q, ACC)
             go = tl.load(go_base + q[:, :, None] * stride_goq
                          + (offs_d * stride_god)[None, None, :],
                          mask=live[:, :, None] & dm, other=0.0).to(ACC)
             if not FIXED:
                 acc += tl.sum(c[:, :, None] * go, axis=1)
             elif FP32_TERMS:
-                acc += tl.sum(_integer_terms(c, _query_max(gq_ptr, b, m, q, live, Q, ACC), go,
-                                             e), axis=1)
+                acc += tl.sum(_integer_terms(c, g, go, e), axis=1)
             else:
-                acc += tl.sum(_fixed_point_terms(c, _query_max(gq_ptr, b, m, q, live, Q, ACC),
-                                                 go, e), axis=1)
+                acc += tl.sum(_fixed_point_terms(c, g, go, e), axis=1)
     if FIXED:
         out = _fixed_to_float(acc, e, ok, grad_value_ptr.dtype.element_ty, ACC)
     else:
