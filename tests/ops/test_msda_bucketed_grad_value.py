@@ -18,8 +18,8 @@ SHAPES = ((4, 5), (2, 3))
 DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
 
 
-def _inputs(dtype, seed=0, lo=-0.5, hi=1.5, Q=6):
-    return make_inputs(B=2, Q=Q, M=2, D=4, shapes=SHAPES, K=2, dtype=dtype, lo=lo, hi=hi,
+def _inputs(dtype, seed=0, lo=-0.5, hi=1.5, Q=6, shapes=SHAPES):
+    return make_inputs(B=2, Q=Q, M=2, D=4, shapes=shapes, K=2, dtype=dtype, lo=lo, hi=hi,
                        seed=seed)[0]
 
 
@@ -157,14 +157,18 @@ def test_bucket_counts_are_the_histogram_of_the_cells(monkeypatch):
     torch.testing.assert_close(fields[:, got], weights[:, want], rtol=0, atol=0)
 
 
-def test_stable_sort_holds_each_cells_samples_in_sample_order():
+@pytest.mark.parametrize("shapes, key_dtype", [(SHAPES, torch.int16),
+                                               (((128, 256), (2, 3)), torch.int32)])
+def test_stable_sort_holds_each_cells_samples_in_sample_order(shapes, key_dtype):
     # As a PyTorch stable sort of the live samples by bucket gives them: the
-    # same records in the same order, each bucket starting where its keys do.
-    args = _inputs(torch.float32, seed=4, Q=9)
+    # same records in the same order, each bucket starting where its keys do;
+    # with 16-bit keys and, past 2**16 - 1 cells a head (2 S + 2 L), 32-bit.
+    args = _inputs(torch.float32, seed=4, Q=9, shapes=shapes)
     args["sampling_locations"][1, 2, 1, 1, 0] = float("nan")  # never live: in no bucket
     cells, offsets, records = launch.stable_bucket_records(
         args["value"], args["spatial_shapes"], args["sampling_locations"],
         args["attention_weights"], tl.float32)
+    assert launch._key_dtype(cells)[0] == key_dtype
     keys, weights, _ = _samples(args, cells)
     Q = args["sampling_locations"].shape[1]
     buckets, order = (keys // Q).sort(stable=True)
