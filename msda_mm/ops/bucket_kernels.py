@@ -144,32 +144,60 @@ def _row_levels(s, shapes_ptr, starts_ptr, L: tl.constexpr):
 
 
 @triton.jit
-def _cell_pair(dy, lvl, y, x, W, row_ok, head, offsets_ptr, shapes_ptr, CELLS,
-               L: tl.constexpr):
-    """Extended cells (y + dy, x) and (y + dy, x + 1) of each row: the row
-    is their samples' corner 11 or 10 (dy 0), 01 or 00 (dy 1).  Their
-    entries, contiguous: the first lo, the second cell's first mid, n in all."""
-    left = _ext_start(lvl, shapes_ptr, L) + (y + dy).to(tl.int64) * (W + 1) + x
-    valid = row_ok & (left >= 0) & (left + 2 <= CELLS)
-    lo = tl.load(offsets_ptr + head + left, mask=valid, other=0)
-    mid = tl.load(offsets_ptr + head + left + 1, mask=valid, other=0)
-    hi = tl.load(offsets_ptr + head + left + 2, mask=valid, other=0)
-    return lo, mid, tl.where(valid, hi - lo, 0)
+def _cell_entries(base, corner: tl.constexpr, W, row_ok, head, lo_ptr, hi_ptr, HEAD_STRIDE,
+                  CELL_STRIDE, CELLS):
+    """Extended cell base + (corner // 2, corner % 2) of each row (base: its
+    cell (y, x)): its first entry and its count, 0 outside the cells.  Bucket
+    (head, cell) holds entries lo[i] .. hi[i], i = head * HEAD_STRIDE + cell
+    * CELL_STRIDE."""
+    cell = base + (corner // 2) * (W + 1) + corner % 2
+    valid = row_ok & (cell >= 0) & (cell < CELLS)
+    i = head * HEAD_STRIDE + cell * CELL_STRIDE
+    first = tl.load(lo_ptr + i, mask=valid, other=0)
+    return first, tl.load(hi_ptr + i, mask=valid, other=0) - first
 
 
 @triton.jit
-def _entries(records_ptr, lo, mid, n, j0, bottom: tl.constexpr, BLOCK_E: tl.constexpr,
+def _row_cells(lvl, y, x, W, row_ok, head, lo_ptr, hi_ptr, HEAD_STRIDE, CELL_STRIDE,
+               shapes_ptr, CELLS, L: tl.constexpr):
+    """The entries of the four extended cells (y + dy, x + dx) each row is a
+    corner of, dy, dx in {0, 1}, in that order (the row is their samples'
+    corner 11, 10, 01 and 00), as one run: cell k's entries are the run's
+    e_(k-1) .. e_k (e_-1 = 0, e_3 = n), its j-th at j + d_k.  Returns d0 ..
+    d3, e0, e1, e2 and n, each [BLOCK_S, 1]."""
+    base = _ext_start(lvl, shapes_ptr, L) + y.to(tl.int64) * (W + 1) + x
+    f0, n0 = _cell_entries(base, 0, W, row_ok, head, lo_ptr, hi_ptr, HEAD_STRIDE, CELL_STRIDE,
+                           CELLS)
+    f1, n1 = _cell_entries(base, 1, W, row_ok, head, lo_ptr, hi_ptr, HEAD_STRIDE, CELL_STRIDE,
+                           CELLS)
+    f2, n2 = _cell_entries(base, 2, W, row_ok, head, lo_ptr, hi_ptr, HEAD_STRIDE, CELL_STRIDE,
+                           CELLS)
+    f3, n3 = _cell_entries(base, 3, W, row_ok, head, lo_ptr, hi_ptr, HEAD_STRIDE, CELL_STRIDE,
+                           CELLS)
+    e0 = n0
+    e1 = e0 + n1
+    e2 = e1 + n2
+    return (f0[:, None], (f1 - e0)[:, None], (f2 - e1)[:, None], (f3 - e2)[:, None],
+            e0[:, None], e1[:, None], e2[:, None], (e2 + n3)[:, None])
+
+
+@triton.jit
+def _entries(records_ptr, d0, d1, d2, d3, e0, e1, e2, n, j0, BLOCK_E: tl.constexpr,
              ACC: tl.constexpr):
-    """Entries j0 .. j0 + BLOCK_E of each row's cell pair (_cell_pair):
-    live, query (int64) and the corner weight of the row's role
-    ([BLOCK_S, BLOCK_E] each; 0 where not live)."""
+    """Entries j0 .. j0 + BLOCK_E of each row's run of four cells
+    (_row_cells): live, query (int64) and the corner weight of the row's
+    role ([BLOCK_S, BLOCK_E] each; 0 where not live)."""
     j = j0 + tl.arange(0, BLOCK_E)[None, :]
-    live = j < n[:, None]
-    pos = (lo[:, None] + j).to(tl.int64)
+    live = j < n
+    in1 = j >= e0
+    in2 = j >= e1
+    in3 = j >= e2
+    pos = (j + tl.where(in3, d3, tl.where(in2, d2, tl.where(in1, d1, d0)))).to(tl.int64)
     q, w, lx, ly = _record_fields(
         tl.load(_record_ptrs(records_ptr, pos), mask=live[:, :, None], other=0), ACC)
-    # The row is the right corner of the left cell's samples.
-    return live, q, _bilinear_weight(w, lx, ly, bottom, pos < mid[:, None])
+    # Cells 0 and 1 lie above the row (it is their bottom corner), 0 and 2 left of it.
+    k = in1.to(tl.int32) + in2.to(tl.int32) + in3.to(tl.int32)
+    return live, q, _bilinear_weight(w, lx, ly, k < 2, k % 2 == 0)
 
 
 @triton.jit
@@ -180,32 +208,27 @@ def _query_max(gq_ptr, b, m, q, live, Q, ACC: tl.constexpr):
 
 
 @triton.jit
-def _row_exponents(gq_ptr, records_ptr, offsets_ptr, shapes_ptr, b, m, lvl, y, x, W, row_ok,
-                   head, Q, CELLS, L: tl.constexpr, BLOCK_S: tl.constexpr,
-                   BLOCK_E: tl.constexpr, ACC: tl.constexpr, FP32_TERMS: tl.constexpr):
+def _row_exponents(gq_ptr, records_ptr, b, m, d0, d1, d2, d3, e0, e1, e2, n, Q,
+                   BLOCK_S: tl.constexpr, BLOCK_E: tl.constexpr, ACC: tl.constexpr,
+                   FP32_TERMS: tl.constexpr):
     """The fixed-point gather's first pass: each row's exponent e
-    (fixed_point._row_exponent) from its entries' largest |c| * g_q and their
-    count."""
+    (fixed_point._row_exponent) from its entries' (_row_cells) largest
+    |c| * g_q and their count n."""
     X = tl.full([BLOCK_S], NO_ENTRY, tl.int32)
-    entries = tl.zeros([BLOCK_S], dtype=offsets_ptr.dtype.element_ty)
-    for dy in tl.static_range(2):
-        lo, mid, n = _cell_pair(dy, lvl, y, x, W, row_ok, head, offsets_ptr, shapes_ptr,
-                                CELLS, L)
-        entries += n
-        for j0 in range(0, tl.max(n, axis=0), BLOCK_E):
-            live, q, c = _entries(records_ptr, lo, mid, n, j0, dy == 0, BLOCK_E, ACC)
-            g = _query_max(gq_ptr, b, m, q, live, Q, ACC)
-            X = tl.maximum(X, tl.max(_entry_exponent(c, g, live), axis=1))
+    for j0 in range(0, tl.max(tl.reshape(n, [BLOCK_S]), axis=0), BLOCK_E):
+        live, q, c = _entries(records_ptr, d0, d1, d2, d3, e0, e1, e2, n, j0, BLOCK_E, ACC)
+        g = _query_max(gq_ptr, b, m, q, live, Q, ACC)
+        X = tl.maximum(X, tl.max(_entry_exponent(c, g, live), axis=1))
     if FP32_TERMS:
-        return _row_exponent(X, entries, TERM_BITS, SUM_BITS)
+        return _row_exponent(X, tl.reshape(n, [BLOCK_S]), TERM_BITS, SUM_BITS)
     else:
-        return _row_exponent(X, entries, FIXED_BITS, FIXED_BITS)
+        return _row_exponent(X, tl.reshape(n, [BLOCK_S]), FIXED_BITS, FIXED_BITS)
 
 
 @triton.jit
 def grad_value_gather_kernel(
-    grad_out_ptr, shapes_ptr, starts_ptr, bound_ptr, gq_ptr, offsets_ptr, records_ptr,
-    grad_value_ptr, Q, S, CELLS, D: tl.constexpr,
+    grad_out_ptr, shapes_ptr, starts_ptr, bound_ptr, gq_ptr, lo_ptr, hi_ptr, records_ptr,
+    grad_value_ptr, Q, S, CELLS, HEAD_STRIDE, CELL_STRIDE, D: tl.constexpr,
     stride_gob, stride_goq, stride_gom, stride_god,
     stride_gvb, stride_gvs, stride_gvm,
     L: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_E: tl.constexpr,
@@ -213,9 +236,10 @@ def grad_value_gather_kernel(
 ):
     """grad_value (B, S, M, D), unit channel stride, every row written: for
     each of BLOCK_S value rows, the terms of the samples in the four cells
-    it is a corner of, BLOCK_E entries at a time: per entry its query and
-    the one corner weight of the row's role (from the records, contiguous
-    in bucket order) times the query's grad_output row.
+    it is a corner of (_row_cells: bucket (head, cell) holds records lo[i]
+    .. hi[i], i = head * HEAD_STRIDE + cell * CELL_STRIDE), BLOCK_E entries
+    at a time: per entry its query and the one corner weight of the row's
+    role times the query's grad_output row.
 
     FIXED (entries in an order that varies: bucket_fill_kernel's): two passes
     over each row's entries (fixed_point.py): the first takes the row's
@@ -240,33 +264,32 @@ def grad_value_gather_kernel(
     y = (s - start) // W1
     x = (s - start) - y * W1
     row_ok = rmask & (W >= 1) & (y < H)
-    head = (b.to(tl.int64) * tl.num_programs(1) + m) * CELLS
+    head = b.to(tl.int64) * tl.num_programs(1) + m
     go_base = _head_base(grad_out_ptr, b, m, stride_gob, stride_gom)
     dm = dmask[None, None, :]
     if FIXED:
         ok = _head_ok(_head_bound(bound_ptr, b, m), ACC)
         row_ok &= ok
-        e = _row_exponents(gq_ptr, records_ptr, offsets_ptr, shapes_ptr, b, m, lvl, y, x, W,
-                           row_ok, head, Q, CELLS, L, BLOCK_S, BLOCK_E, ACC, FP32_TERMS)
+    d0, d1, d2, d3, e0, e1, e2, n = _row_cells(lvl, y, x, W, row_ok, head, lo_ptr, hi_ptr,
+                                               HEAD_STRIDE, CELL_STRIDE, shapes_ptr, CELLS, L)
+    if FIXED:
+        e = _row_exponents(gq_ptr, records_ptr, b, m, d0, d1, d2, d3, e0, e1, e2, n, Q,
+                           BLOCK_S, BLOCK_E, ACC, FP32_TERMS)
         acc = tl.zeros([BLOCK_S, BLOCK_D], dtype=tl.int32 if FP32_TERMS else tl.int64)
     else:
         acc = tl.zeros([BLOCK_S, BLOCK_D], dtype=ACC)
-    for dy in tl.static_range(2):
-        lo, mid, n = _cell_pair(dy, lvl, y, x, W, row_ok, head, offsets_ptr, shapes_ptr,
-                                CELLS, L)
-        for j0 in range(0, tl.max(n, axis=0), BLOCK_E):
-            live, q, c = _entries(records_ptr, lo, mid, n, j0, dy == 0, BLOCK_E, ACC)
-            if FIXED:
-                g = _query_max(gq_ptr, b, m, q, live, Q, ACC)
-            go = tl.load(go_base + q[:, :, None] * stride_goq
-                         + (offs_d * stride_god)[None, None, :],
-                         mask=live[:, :, None] & dm, other=0.0).to(ACC)
-            if not FIXED:
-                acc += tl.sum(c[:, :, None] * go, axis=1)
-            elif FP32_TERMS:
-                acc += tl.sum(_integer_terms(c, g, go, e), axis=1)
-            else:
-                acc += tl.sum(_fixed_point_terms(c, g, go, e), axis=1)
+    for j0 in range(0, tl.max(tl.reshape(n, [BLOCK_S]), axis=0), BLOCK_E):
+        live, q, c = _entries(records_ptr, d0, d1, d2, d3, e0, e1, e2, n, j0, BLOCK_E, ACC)
+        if FIXED:
+            g = _query_max(gq_ptr, b, m, q, live, Q, ACC)
+        go = tl.load(go_base + q[:, :, None] * stride_goq + (offs_d * stride_god)[None, None, :],
+                     mask=live[:, :, None] & dm, other=0.0).to(ACC)
+        if not FIXED:
+            acc += tl.sum(c[:, :, None] * go, axis=1)
+        elif FP32_TERMS:
+            acc += tl.sum(_integer_terms(c, g, go, e), axis=1)
+        else:
+            acc += tl.sum(_fixed_point_terms(c, g, go, e), axis=1)
     if FIXED:
         out = _fixed_to_float(acc, e, ok, grad_value_ptr.dtype.element_ty, ACC)
     else:

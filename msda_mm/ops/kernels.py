@@ -158,11 +158,10 @@ def _bilinear_weights(w, lx, ly):
 
 
 @triton.jit
-def _bilinear_weight(w, lx, ly, bottom: tl.constexpr, right):
-    """The one of _bilinear_weights' four of corner (bottom, right) (right a
-    mask), by the same fp operations: bitwise the same weight."""
-    fy = ly if bottom else 1.0 - ly
-    return w * fy * tl.where(right, lx, 1.0 - lx)
+def _bilinear_weight(w, lx, ly, bottom, right):
+    """The one of _bilinear_weights' four of corner (bottom, right) (masks),
+    by the same fp operations: bitwise the same weight."""
+    return w * tl.where(bottom, ly, 1.0 - ly) * tl.where(right, lx, 1.0 - lx)
 
 
 @triton.jit

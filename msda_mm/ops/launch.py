@@ -23,7 +23,7 @@ grad_value_bound_kernel = FastLaunch(bound_kernel.grad_value_bound_kernel)
 bucket_fill_kernel = FastLaunch(bucket_kernels.bucket_fill_kernel)
 grad_value_gather_kernel = FastLaunch(bucket_kernels.grad_value_gather_kernel)
 sample_keys_kernel = FastLaunch(sorted_buckets.sample_keys_kernel)
-bucket_starts_kernel = FastLaunch(sorted_buckets.bucket_starts_kernel)
+bucket_bounds_kernel = FastLaunch(sorted_buckets.bucket_bounds_kernel)
 sorted_fill_kernel = FastLaunch(sorted_buckets.sorted_fill_kernel)
 
 
@@ -127,10 +127,9 @@ def _tile(kernel: str, value: torch.Tensor, points: int, rows: int,
     # D = 256 and 236 with fp32 accumulation (research/compile_check.py).
     tuned = block_q * block_p * 32
     block_q = max(1, tuned // (block_p * block_d))
-    if kernel == "gather" and value.element_size() == 2:
-        # Its passes keep each row's cell ranges, largest exponent and entry count in every
-        # thread (a warp's threads share the rows): past D = 32 the rows shrink with D once
-        # more (sm_90 at D = 64: 80 registers, against 144 with 16 rows; research/compile_check.py).
+    if kernel == "gather":
+        # Every thread keeps each row's four cells' run, largest exponent and entry count (a
+        # warp's threads share the rows): past D = 32 the rows shrink with D once more.
         block_q = max(1, block_q * 32 // max(block_d, 32))
     num_warps = min(8, max(num_warps, num_warps * block_q * block_p * block_d // (2 * tuned)))
     return dict(BLOCK_Q=block_q, BLOCK_P=block_p, BLOCK_D=block_d, num_warps=num_warps)
@@ -313,10 +312,9 @@ def grad_value_bound(go: torch.Tensor, attention_weights: torch.Tensor,
     return bound
 
 
-# bucket_fill_kernel's, sample_keys_kernel's and sorted_fill_kernel's tile: 128 samples a
-# 4-warp program, one a thread; bucket_starts_kernel's: 1024 (cell, head) pairs.
+# bucket_fill_kernel's and the stable sort's kernels' tile: 128 samples a 4-warp program,
+# one a thread.
 _SORT = dict(SAMPLES=128, num_warps=4)
-_STARTS = dict(BLOCK=1024, num_warps=4)
 
 
 def _cells(S: int, L: int) -> int:
@@ -375,10 +373,11 @@ def _key_dtype(cells: int) -> tuple[torch.dtype, int]:
 def stable_bucket_records(value, spatial_shapes, sampling_locations, attention_weights,
                           acc_dtype):
     """The samples bucketed by cell by a stable sort (sorted_buckets.py):
-    (cells, offsets, records) as bucket_records gives them, with each
-    bucket's entries in sample order, the same every run."""
+    (cells, bounds, records), bucket (head, cell) holding records
+    bounds[0, i] .. bounds[1, i], i = cell * B * M + head, its entries in
+    sample order, the same every run."""
     B, Q, M, L, K, _ = sampling_locations.shape
-    cells, samples, buckets, index = _sort_sizes(value, sampling_locations)
+    cells, samples, _, index = _sort_sizes(value, sampling_locations)
     key_dtype, bias = _key_dtype(cells)
     keys = torch.empty(samples, device=value.device, dtype=key_dtype)
     tile = _sample_tile(L, K, acc_dtype)
@@ -390,19 +389,17 @@ def stable_bucket_records(value, spatial_shapes, sampling_locations, attention_w
             *sampling_locations.stride(), L=L, K=K, **tile)
         sorted_keys, perm = torch.sort(keys, stable=True)
         del keys
-        starts = torch.empty(buckets - 1, device=value.device, dtype=index)
-        offsets = torch.empty(buckets, device=value.device, dtype=index)
-        bucket_starts_kernel[(-(-(buckets - 1) // _STARTS["BLOCK"]),)](
-            sorted_keys, perm, starts, offsets, samples, cells, B * M, Q * L * K, bias,
-            samples.bit_length(), **_STARTS)
-        offsets.cumsum_(0)
+        bounds = torch.zeros(2, cells * B * M, device=value.device, dtype=index)
+        bucket_bounds_kernel[(-(-samples // _SORT["SAMPLES"]),)](
+            sorted_keys, perm, bounds, samples, cells, B * M, Q * L * K, bias,
+            BLOCK=_SORT["SAMPLES"], num_warps=_SORT["num_warps"])
+        del sorted_keys
         records = torch.empty(samples, 4, device=value.device, dtype=_record_words(acc_dtype))
         sorted_fill_kernel[(-(-samples // _SORT["SAMPLES"]),)](
-            sorted_keys, perm, starts, offsets, spatial_shapes, sampling_locations,
-            attention_weights, records, samples, Q, M, cells, B * M, bias,
+            perm, spatial_shapes, sampling_locations, attention_weights, records, samples, Q, M,
             *sampling_locations.stride(), *attention_weights.stride(), L=L, K=K,
             BLOCK=_SORT["SAMPLES"], ACC=acc_dtype, num_warps=_SORT["num_warps"])
-    return cells, offsets, records
+    return cells, bounds, records
 
 
 def bucket_records(value, spatial_shapes, sampling_locations, attention_weights,
@@ -439,7 +436,8 @@ def _deterministic_grad_value(go, value, spatial_shapes, level_start_index, samp
     B, S, M, D = value.shape
     _, Q, _, L, K, _ = sampling_locations.shape
     if sort is None:
-        cells, offsets, records = stable
+        cells, (lo, hi), records = stable
+        strides = (1, B * M)
         bound = query_max = None
     else:
         query_max = torch.empty(B, Q, M, device=value.device, dtype=torch.float64
@@ -447,14 +445,14 @@ def _deterministic_grad_value(go, value, spatial_shapes, level_start_index, samp
         bound = grad_value_bound(go, attention_weights, query_max)
         offsets, records = bucket_records(value, spatial_shapes, sampling_locations,
                                           attention_weights, sort, acc_dtype)
-        cells = sort.cells
+        cells, lo, hi, strides = sort.cells, offsets, offsets[1:], (sort.cells, 1)
     grad_value = torch.empty(value.shape, device=value.device, dtype=value.dtype)
     # A bucket holds at most a head's Q * L * K samples: BLOCK_E needs no more.
     tile = _tile("gather", value, Q * L * K, B * S * M)
     with _device_guard(value):
         grad_value_gather_kernel[_grid(value, S, tile["BLOCK_Q"])](
-            go, spatial_shapes, level_start_index, bound, query_max, offsets, records,
-            grad_value, Q, S, cells, D, *go.stride(), *grad_value.stride()[:3],
+            go, spatial_shapes, level_start_index, bound, query_max, lo, hi, records,
+            grad_value, Q, S, cells, *strides, D, *go.stride(), *grad_value.stride()[:3],
             L=L, BLOCK_S=tile["BLOCK_Q"], BLOCK_E=tile["BLOCK_P"],
             BLOCK_D=tile["BLOCK_D"], ACC=acc_dtype, FIXED=sort is not None,
             FP32_TERMS=value.element_size() == 2 and acc_dtype is tl.float32,

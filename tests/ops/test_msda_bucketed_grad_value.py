@@ -160,23 +160,28 @@ def test_bucket_counts_are_the_histogram_of_the_cells(monkeypatch):
 @pytest.mark.parametrize("shapes, key_dtype", [(SHAPES, torch.int16),
                                                (((128, 256), (2, 3)), torch.int32)])
 def test_stable_sort_holds_each_cells_samples_in_sample_order(shapes, key_dtype):
-    # As a PyTorch stable sort of the live samples by bucket gives them: the
-    # same records in the same order, each bucket starting where its keys do;
-    # with 16-bit keys and, past 2**16 - 1 cells a head (2 S + 2 L), 32-bit.
+    # As a PyTorch stable sort of the live samples by (cell, head) gives them:
+    # the same records in the same order, each bucket's entries between its
+    # bounds (empty ones (0, 0)); with 16-bit keys and, past 2**16 - 1 cells a
+    # head (2 S + 2 L), 32-bit.
     args = _inputs(torch.float32, seed=4, Q=9, shapes=shapes)
     args["sampling_locations"][1, 2, 1, 1, 0] = float("nan")  # never live: in no bucket
-    cells, offsets, records = launch.stable_bucket_records(
+    cells, bounds, records = launch.stable_bucket_records(
         args["value"], args["spatial_shapes"], args["sampling_locations"],
         args["attention_weights"], tl.float32)
     assert launch._key_dtype(cells)[0] == key_dtype
     keys, weights, _ = _samples(args, cells)
-    Q = args["sampling_locations"].shape[1]
-    buckets, order = (keys // Q).sort(stable=True)
+    B, Q, M = args["attention_weights"].shape[:3]
+    bucket = keys // Q
+    pairs, order = (bucket % cells * B * M + bucket // cells).sort(stable=True)
     assert torch.equal(records[:len(keys), 0].long(), (keys % Q)[order])
     torch.testing.assert_close(records[:len(keys), 1:].view(torch.float32).T,
                                weights[:, order], rtol=0, atol=0)
-    everyone = torch.arange(offsets.numel())
-    assert torch.equal(offsets.long(), torch.searchsorted(buckets, everyone))
+    everyone = torch.arange(bounds.shape[1])
+    full = torch.isin(everyone, pairs)
+    want = torch.stack([torch.searchsorted(pairs, everyone),
+                        torch.searchsorted(pairs, everyone, right=True)]) * full
+    assert full.sum() > 1 and torch.equal(bounds.long(), want)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
