@@ -27,8 +27,9 @@ the maxima.
 
 Value row (y, x) of a level is corner 11 of cell (y-1, x-1), 10 of
 (y-1, x), 01 of (y, x-1) and 00 of (y, x): extended cells (y, x), (y, x+1),
-(y+1, x) and (y+1, x+1), two pairs of neighbours whose entries are
-contiguous, so grad_value_gather_kernel reads two ranges a row.
+(y+1, x) and (y+1, x+1).  grad_value_gather_kernel reads their entries as
+one run a row, wherever each bucket lies: the counting sort's buckets run by
+head, then cell, the stable sort's by cell, then head.
 """
 import triton
 import triton.language as tl
@@ -105,6 +106,23 @@ def _record_ptrs(records_ptr, entry):
 
 
 @triton.jit
+def _sample_records(p0, b, m, q, qmask, Q, CELLS, shapes_ptr, loc_ptr, attn_ptr,
+                    stride_lb, stride_lq, stride_lm, stride_ll, stride_lk, stride_lc,
+                    stride_ab, stride_aq, stride_am, stride_al, stride_ak,
+                    L: tl.constexpr, K: tl.constexpr, BLOCK_P: tl.constexpr, ACC: tl.constexpr,
+                    BITS: tl.constexpr):
+    """Chunk p0's samples as _sample_buckets gives them (live, bucket, slot)
+    and their records (_record_words, of BITS), the attention weight read
+    where live."""
+    live, bucket, slot, lx, ly, l, k = _sample_buckets(
+        p0, b, m, q, qmask, Q, CELLS, shapes_ptr, loc_ptr, stride_lb, stride_lq, stride_lm,
+        stride_ll, stride_lk, stride_lc, L, K, BLOCK_P, ACC)
+    w = tl.load(_point_ptrs(attn_ptr, b, q, m, l, k, stride_ab, stride_aq, stride_am,
+                            stride_al, stride_ak), mask=live, other=0.0).to(ACC)
+    return live, bucket, slot, _record_words(q, w, lx, ly, BITS)
+
+
+@triton.jit
 def bucket_fill_kernel(
     shapes_ptr, loc_ptr, attn_ptr, ranks_ptr, offsets_ptr, records_ptr, Q, CELLS,
     stride_lb, stride_lq, stride_lm, stride_ll, stride_lk, stride_lc,
@@ -120,16 +138,14 @@ def bucket_fill_kernel(
     (kernels._bilinear_weight).  Grid: (cdiv(Q, BLOCK_Q), M, B)."""
     b, m, q, qmask = _program_queries(Q, BLOCK_Q)
     for p0 in range(0, L * K, BLOCK_P):
-        live, bucket, slot, lx, ly, l, k = _sample_buckets(
-            p0, b, m, q, qmask, Q, CELLS, shapes_ptr, loc_ptr, stride_lb, stride_lq, stride_lm,
-            stride_ll, stride_lk, stride_lc, L, K, BLOCK_P, ACC)
-        w = tl.load(_point_ptrs(attn_ptr, b, q, m, l, k, stride_ab, stride_aq, stride_am,
-                                stride_al, stride_ak), mask=live, other=0.0).to(ACC)
+        live, bucket, slot, words = _sample_records(
+            p0, b, m, q, qmask, Q, CELLS, shapes_ptr, loc_ptr, attn_ptr,
+            stride_lb, stride_lq, stride_lm, stride_ll, stride_lk, stride_lc,
+            stride_ab, stride_aq, stride_am, stride_al, stride_ak, L, K, BLOCK_P, ACC,
+            records_ptr.dtype.element_ty)
         rank = tl.load(ranks_ptr + slot, mask=live, other=0)
         entry = (tl.load(offsets_ptr + bucket, mask=live, other=0) + rank).to(tl.int64)
-        tl.store(_record_ptrs(records_ptr, entry),
-                 _record_words(q, w, lx, ly, records_ptr.dtype.element_ty),
-                 mask=live[:, :, None])
+        tl.store(_record_ptrs(records_ptr, entry), words, mask=live[:, :, None])
 
 
 @triton.jit

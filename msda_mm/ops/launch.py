@@ -10,7 +10,7 @@ from typing import NamedTuple
 import torch
 import triton.language as tl
 
-from . import bound_kernel, bucket_kernels, kernels, side_stream, sorted_buckets
+from . import bound_kernel, bucket_kernels, kernels, sorted_buckets
 from .fast_launch import FastLaunch
 
 # The kernels as this module launches them: through FastLaunch (repeat
@@ -380,13 +380,14 @@ def stable_bucket_records(value, spatial_shapes, sampling_locations, attention_w
     cells, samples, _, index = _sort_sizes(value, sampling_locations)
     key_dtype, bias = _key_dtype(cells)
     keys = torch.empty(samples, device=value.device, dtype=key_dtype)
+    slot_records = torch.empty(samples, 4, device=value.device, dtype=_record_words(acc_dtype))
     tile = _sample_tile(L, K, acc_dtype)
     # Each buffer allocated when first written and dropped after its last
     # read: the radix sort's own buffers are the peak.
     with _device_guard(value):
         sample_keys_kernel[_grid(value, Q, tile["BLOCK_Q"])](
-            spatial_shapes, sampling_locations, keys, Q, cells, bias,
-            *sampling_locations.stride(), L=L, K=K, **tile)
+            spatial_shapes, sampling_locations, attention_weights, keys, slot_records, Q, cells,
+            bias, *sampling_locations.stride(), *attention_weights.stride(), L=L, K=K, **tile)
         sorted_keys, perm = torch.sort(keys, stable=True)
         del keys
         bounds = torch.zeros(2, cells * B * M, device=value.device, dtype=index)
@@ -394,11 +395,10 @@ def stable_bucket_records(value, spatial_shapes, sampling_locations, attention_w
             sorted_keys, perm, bounds, samples, cells, B * M, Q * L * K, bias,
             BLOCK=_SORT["SAMPLES"], num_warps=_SORT["num_warps"])
         del sorted_keys
-        records = torch.empty(samples, 4, device=value.device, dtype=_record_words(acc_dtype))
+        records = torch.empty_like(slot_records)
         sorted_fill_kernel[(-(-samples // _SORT["SAMPLES"]),)](
-            perm, spatial_shapes, sampling_locations, attention_weights, records, samples, Q, M,
-            *sampling_locations.stride(), *attention_weights.stride(), L=L, K=K,
-            BLOCK=_SORT["SAMPLES"], ACC=acc_dtype, num_warps=_SORT["num_warps"])
+            perm, slot_records, records, samples, BLOCK=_SORT["SAMPLES"],
+            num_warps=_SORT["num_warps"])
     return cells, bounds, records
 
 
@@ -426,17 +426,18 @@ def bucket_records(value, spatial_shapes, sampling_locations, attention_weights,
 
 def _deterministic_grad_value(go, value, spatial_shapes, level_start_index, sampling_locations,
                               attention_weights, sort: SortBuffers | None,
-                              stable: tuple | None, acc_dtype) -> torch.Tensor:
+                              acc_dtype) -> torch.Tensor:
     """grad_value in value's dtype, without atomics: the samples bucketed by
     cell, then gathered per value row (bucket_kernels.py).  With ``sort``
     (msda_bwd_kernel ranked them into it: the counting sort) summed as
     integers at the row's own exponent (fixed_point.py: int64; 16-bit values
-    int32 from terms rounded in fp32, exact_sums.py); else from ``stable``
-    (stable_bucket_records' buckets) summed in float in sample order."""
+    int32 from terms rounded in fp32, exact_sums.py); without (the stable
+    sort, stable_bucket_records) summed in float in sample order."""
     B, S, M, D = value.shape
     _, Q, _, L, K, _ = sampling_locations.shape
     if sort is None:
-        cells, (lo, hi), records = stable
+        cells, (lo, hi), records = stable_bucket_records(
+            value, spatial_shapes, sampling_locations, attention_weights, acc_dtype)
         strides = (1, B * M)
         bound = query_max = None
     else:
@@ -522,14 +523,6 @@ def run_backward(plan: BackwardPlan, grad_output, value, spatial_shapes, level_s
     grad_value, pdl, gv_strides = None, False, (0, 0, 0)
     sort = sort_buffers(value, sampling_locations) if det_sort == "counting" else None
     ranks, counts, cells = (None,) * 3 if sort is None else (sort.ranks, sort.counts, sort.cells)
-    side = stable = None
-    if det_sort == "stable":
-        # The sort reads only the locations and weights: on a side stream it runs beside
-        # msda_bwd_kernel.
-        side = side_stream.fork(value.device)
-        with side_stream.on(side):
-            stable = stable_bucket_records(value, spatial_shapes, sampling_locations,
-                                           attention_weights, meta["ACC"])
     if accum is not None:
         grad_value = torch.empty(value.shape, device=value.device, dtype=accum)
         gv_strides = grad_value.stride()[:3]
@@ -546,10 +539,9 @@ def run_backward(plan: BackwardPlan, grad_output, value, spatial_shapes, level_s
             PDL=pdl, launch_pdl=pdl, **meta,
         )
     if accum is None:
-        side_stream.join(side)
         grad_value = _deterministic_grad_value(
             grad_output.unflatten(-1, (M, sizes[2])), value, spatial_shapes, level_start_index,
-            sampling_locations, attention_weights, sort, stable, meta["ACC"])
+            sampling_locations, attention_weights, sort, meta["ACC"])
     elif accum != value.dtype:
         grad_value = grad_value.to(value.dtype)
     return grad_value, grad_loc, grad_attn

@@ -7,37 +7,43 @@ where the cells allow, so that the radix sort makes two passes, not four), a
 stable radix sort (torch.sort) orders the samples by cell and then by slot,
 whose order is head by head: by (cell, head, slot), each bucket (head, cell)
 contiguous.  bucket_bounds_kernel finds where each bucket starts and ends in
-that order, and sorted_fill_kernel writes each entry's record
-(bucket_kernels._record_words) there.
+that order, and sorted_fill_kernel moves each entry's record
+(bucket_kernels._record_words), which the keys kernel wrote in sample order
+where it read the locations and weights in order, there.
 Nothing depends on the order in which programs run: the same entries in the
 same order every run.
 """
 import triton
 import triton.language as tl
 
-from .bucket_kernels import _record_ptrs, _record_words, _sample_buckets
-from .cells import _cell
+from .bucket_kernels import _record_ptrs, _sample_records
 from .kernels import _chunk_points, _program_queries
 
 
 @triton.jit
-def sample_keys_kernel(shapes_ptr, loc_ptr, keys_ptr, Q, CELLS, KEY_BIAS,
+def sample_keys_kernel(shapes_ptr, loc_ptr, attn_ptr, keys_ptr, records_ptr, Q, CELLS, KEY_BIAS,
                        stride_lb, stride_lq, stride_lm, stride_ll, stride_lk, stride_lc,
+                       stride_ab, stride_aq, stride_am, stride_al, stride_ak,
                        L: tl.constexpr, K: tl.constexpr, BLOCK_Q: tl.constexpr,
                        BLOCK_P: tl.constexpr, ACC: tl.constexpr):
     """Each sample's cell in its head (cells._sample_bucket) plus KEY_BIAS
-    at its slot (cells._sample_slot) of keys; CELLS + KEY_BIAS, past every
-    cell, where it is not live.  Grid: (cdiv(Q, BLOCK_Q), M, B)."""
+    at its slot (cells._sample_slot) of keys, CELLS + KEY_BIAS, past every
+    cell, where it is not live; and a live sample's record
+    (bucket_kernels._record_words) at its slot of records, where the
+    locations and weights are read in order.  Grid: (cdiv(Q, BLOCK_Q), M, B)."""
     b, m, q, qmask = _program_queries(Q, BLOCK_Q)
     head = (b.to(tl.int64) * tl.num_programs(1) + m) * CELLS
     for p0 in range(0, L * K, BLOCK_P):
-        live, bucket, slot, _, _, _, _ = _sample_buckets(
-            p0, b, m, q, qmask, Q, CELLS, shapes_ptr, loc_ptr, stride_lb, stride_lq, stride_lm,
-            stride_ll, stride_lk, stride_lc, L, K, BLOCK_P, ACC)
+        live, bucket, slot, words = _sample_records(
+            p0, b, m, q, qmask, Q, CELLS, shapes_ptr, loc_ptr, attn_ptr,
+            stride_lb, stride_lq, stride_lm, stride_ll, stride_lk, stride_lc,
+            stride_ab, stride_aq, stride_am, stride_al, stride_ak, L, K, BLOCK_P, ACC,
+            records_ptr.dtype.element_ty)
         _, _, pmask = _chunk_points(p0, L, K, BLOCK_P)
         key = tl.where(live, bucket - head, CELLS) + KEY_BIAS
         tl.store(keys_ptr + slot, key.to(keys_ptr.dtype.element_ty),
                  mask=qmask[:, None] & pmask[None, :])
+        tl.store(_record_ptrs(records_ptr, slot), words, mask=live[:, :, None])
 
 
 @triton.jit
@@ -72,33 +78,12 @@ def bucket_bounds_kernel(sorted_ptr, perm_ptr, bounds_ptr, N, CELLS, HEADS, HEAD
 
 
 @triton.jit
-def sorted_fill_kernel(perm_ptr, shapes_ptr, loc_ptr, attn_ptr, records_ptr, N, Q, M,
-                       stride_lb, stride_lq, stride_lm, stride_ll, stride_lk, stride_lc,
-                       stride_ab, stride_aq, stride_am, stride_al, stride_ak,
-                       L: tl.constexpr, K: tl.constexpr, BLOCK: tl.constexpr,
-                       ACC: tl.constexpr):
-    """records[j] for j in [0, N): the record of sample perm[j] (its slot in
-    the (B, M, Q, L*K) samples), with the weight and bilinear fractions
-    computed as msda_bwd_kernel computes them.  Dead samples, sorted last,
-    get records that no bucket reaches."""
+def sorted_fill_kernel(perm_ptr, slot_records_ptr, records_ptr, N, BLOCK: tl.constexpr):
+    """records[j] = slot_records[perm[j]] for j in [0, N): the records in
+    the sort's order, one vector load and store each.  Dead samples, sorted
+    last, get records that no bucket reaches."""
     j = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     ok = j < N
     slot = tl.load(perm_ptr + j, mask=ok, other=0).to(tl.int64)
-    point = slot % (L * K)
-    q = slot // (L * K) % Q
-    head = slot // (L * K) // Q
-    b = head // M
-    m = head % M
-    lvl = (point // K).to(tl.int32)
-    k = (point % K).to(tl.int32)
-    lp = loc_ptr + b * stride_lb + q * stride_lq + m * stride_lm + lvl * stride_ll + k * stride_lk
-    x = tl.load(lp, mask=ok, other=0.0).to(ACC)
-    y = tl.load(lp + stride_lc, mask=ok, other=0.0).to(ACC)
-    H = tl.load(shapes_ptr + 2 * lvl, mask=ok, other=1).to(tl.int32)
-    W = tl.load(shapes_ptr + 2 * lvl + 1, mask=ok, other=1).to(tl.int32)
-    _, _, _, lx, ly = _cell(x, y, H, W, ok)
-    w = tl.load(attn_ptr + b * stride_ab + q * stride_aq + m * stride_am + lvl * stride_al
-                + k * stride_ak, mask=ok, other=0.0).to(ACC)
-    tl.store(_record_ptrs(records_ptr, j[:, None]),
-             _record_words(q, w[:, None], lx[:, None], ly[:, None],
-                           records_ptr.dtype.element_ty), mask=ok[:, None, None])
+    words = tl.load(_record_ptrs(slot_records_ptr, slot[:, None]), mask=ok[:, None, None])
+    tl.store(_record_ptrs(records_ptr, j[:, None]), words, mask=ok[:, None, None])
