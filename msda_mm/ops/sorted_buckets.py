@@ -47,31 +47,35 @@ def sample_keys_kernel(shapes_ptr, loc_ptr, attn_ptr, keys_ptr, records_ptr, Q, 
 
 
 @triton.jit
-def _sorted_pair(sorted_ptr, perm_ptr, j, mask, HEADS, HEAD_SAMPLES, KEY_BIAS):
-    """Sorted entries j's (cell, head) pairs cell * HEADS + head (int64; slots
-    run head by head, HEAD_SAMPLES a head), which the sort leaves in order;
-    past CELLS * HEADS for dead samples."""
-    cell = tl.load(sorted_ptr + j, mask=mask, other=0).to(tl.int64) - KEY_BIAS
-    slot = tl.load(perm_ptr + j, mask=mask, other=0).to(tl.int64)
-    return cell * HEADS + slot // HEAD_SAMPLES
+def _sorted_pair(sorted_ptr, perm_ptr, j, mask, HEADS, HEAD_SAMPLES, KEY_BIAS,
+                 INDEX: tl.constexpr):
+    """Sorted entries j's cells (CELLS for dead samples) and (cell, head)
+    pairs cell * HEADS + head (INDEX; slots run head by head, HEAD_SAMPLES a
+    head), which the sort leaves in order.  INDEX int32 where every slot and
+    live pair fits: its division is a fraction of int64's instructions."""
+    cell = tl.load(sorted_ptr + j, mask=mask, other=0).to(INDEX) - KEY_BIAS
+    slot = tl.load(perm_ptr + j, mask=mask, other=0).to(INDEX)
+    return cell, cell * HEADS + slot // HEAD_SAMPLES
 
 
 @triton.jit
 def bucket_bounds_kernel(sorted_ptr, perm_ptr, bounds_ptr, N, CELLS, HEADS, HEAD_SAMPLES,
                          KEY_BIAS, BLOCK: tl.constexpr):
     """Where each bucket's entries start and end among the N sorted ones:
-    bounds (2, CELLS * HEADS), zeros first, indexed by (cell, head) pair
-    (_sorted_pair).  Entry j is its bucket's first where the pair before it
-    differs, its last where the pair after it does; empty buckets keep
-    (0, 0)."""
+    bounds (2, CELLS * HEADS), zeros first, of the index dtype (int32 where
+    N and the pairs fit), indexed by (cell, head) pair (_sorted_pair).
+    Entry j is its bucket's first where the pair before it differs, its last
+    where the pair after it does; empty buckets keep (0, 0)."""
     j = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     ok = j < N
-    pair = _sorted_pair(sorted_ptr, perm_ptr, j, ok, HEADS, HEAD_SAMPLES, KEY_BIAS)
-    before = _sorted_pair(sorted_ptr, perm_ptr, j - 1, ok & (j > 0), HEADS, HEAD_SAMPLES,
-                          KEY_BIAS)
-    after = _sorted_pair(sorted_ptr, perm_ptr, j + 1, j + 1 < N, HEADS, HEAD_SAMPLES, KEY_BIAS)
-    live = ok & (pair < CELLS * HEADS)
     index = bounds_ptr.dtype.element_ty
+    cell, pair = _sorted_pair(sorted_ptr, perm_ptr, j, ok, HEADS, HEAD_SAMPLES, KEY_BIAS, index)
+    _, before = _sorted_pair(sorted_ptr, perm_ptr, j - 1, ok & (j > 0), HEADS, HEAD_SAMPLES,
+                             KEY_BIAS, index)
+    _, after = _sorted_pair(sorted_ptr, perm_ptr, j + 1, j + 1 < N, HEADS, HEAD_SAMPLES,
+                            KEY_BIAS, index)
+    # A dead sample's pair may pass int32 (a live one's does not): its cell tells.
+    live = ok & (cell < CELLS)
     tl.store(bounds_ptr + pair, j.to(index), mask=live & ((j == 0) | (before != pair)))
     tl.store(bounds_ptr + CELLS * HEADS + pair, (j + 1).to(index),
              mask=live & ((j + 1 == N) | (after != pair)))
