@@ -147,7 +147,7 @@ def _bwd_spy(monkeypatch):
 
 
 def _gather_spy(monkeypatch):
-    spy = _KernelSpy(launch.grad_value_gather_kernel, 7)  # grad_value_ptr
+    spy = _KernelSpy(launch.grad_value_gather_kernel, 8)  # grad_value_ptr
     monkeypatch.setattr(launch, "grad_value_gather_kernel", spy)
     return spy
 
@@ -170,7 +170,7 @@ def test_backward_uses_selected_accumulator(monkeypatch, dtype, flag, determinis
     args, _ = make_inputs(dtype=dtype)
     _, grads, _ = run_op(args, fp32_grad_accum=flag, deterministic=deterministic)
     assert spy.accum_dtypes == [accum]
-    # It sums in int64 registers and stores value's dtype.
+    # It sums in registers and stores value's dtype.
     assert gather.accum_dtypes == ([dtype] if deterministic else [])
     assert grads["value"].dtype == dtype
 
