@@ -41,11 +41,14 @@ _TILES = {("fwd", 4): (2, 1, 16), ("fwd", 2): (2, 1, 16),
           # encoder in fp32 (1246.7 us against 1260.9 at (8, 2, 16)), in bf16 1088.8 against
           # the best 1084.5 at (8, 1, 16).
           ("gather", 4): (4, 1, 16), ("gather", 2): (4, 1, 16)}
-# Below this many entries a value row (4 * Q * L*K / S: decoder 0.9, encoder 64) the
-# deterministic backward takes the counting sort (deterministic_sort: bf16 decoder 109.0 us
-# against the stable sort's 157.4) and its gather many rows a program: one-entry rows make
-# the grid the cost (fp32 decoder 120.0 us at (32, 1, 1) against 146.3 at (8, 1, 2)).
+# Below this many entries a value row (4 * Q * L*K / S: decoder 0.9, dino_decoder 2.6,
+# encoder 64) the deterministic backward's gather takes many rows a program: one-entry rows
+# make the grid the cost (fp32 decoder 120.0 us at (32, 1, 1) against 146.3 at (8, 1, 2)).
 _GATHER_SPARSE = (8, (32, 1, 1))
+# Below this many entries a value row the deterministic backward takes the counting sort
+# (deterministic_sort): bf16 decoder 103.2 us against the stable sort's 123.0; dino_decoder
+# 199.0 against 187.1 (bf16) and 256.5 against 205.5 (fp32).
+_STABLE_SORT_ENTRIES = 2
 # Below this many (batch, query, head) rows a 16-bit (and fp64) forward takes 1 query a
 # program: bf16 decoder 15.6 us against 16.5 with 2 (fp32 keeps 2; docs/design.md).
 _FWD_FEW_ROWS = 1 << 16
@@ -88,22 +91,22 @@ def _next_pow2(n: int) -> int:
     return 1 << (n - 1).bit_length()
 
 
-def _sparse_rows(value: torch.Tensor, samples: int) -> bool:
-    """Whether value's rows get fewer than _GATHER_SPARSE[0] bilinear
-    entries each on average from ``samples`` = Q * L * K samples a head."""
-    return 4 * samples < _GATHER_SPARSE[0] * value.shape[1]
+def _sparse_rows(value: torch.Tensor, samples: int, entries: int = _GATHER_SPARSE[0]) -> bool:
+    """Whether value's rows get fewer than ``entries`` bilinear entries each
+    on average from ``samples`` = Q * L * K samples a head."""
+    return 4 * samples < entries * value.shape[1]
 
 
 def deterministic_sort(value: torch.Tensor, samples: int) -> str:
     """How the deterministic backward buckets ``samples`` = Q * L * K samples
     a head by cell for value (B, S, M, D): "stable" (sorted_buckets.py: a
     stable radix sort, then grad_value summed in float in sample order, one
-    pass) for dense rows, "counting" (atomic ranks, then integer sums at each
-    row's exponent, two passes: bucket_kernels.py) for sparse ones, where the
-    radix sort's fixed cost outweighs the pass it saves (tile_override's
-    ``sort`` overrides)."""
+    pass) for rows of _STABLE_SORT_ENTRIES entries or more, "counting"
+    (atomic ranks, then integer sums at each row's exponent, two passes:
+    bucket_kernels.py) for sparser ones, where the radix sort's fixed cost
+    outweighs the pass it saves (tile_override's ``sort`` overrides)."""
     return _tile_override.get("sort") or (
-        "counting" if _sparse_rows(value, samples) else "stable")
+        "counting" if _sparse_rows(value, samples, _STABLE_SORT_ENTRIES) else "stable")
 
 
 def _tile(kernel: str, value: torch.Tensor, points: int, rows: int,

@@ -112,7 +112,8 @@ def _sorted_samples(monkeypatch, args):
 
     bucket_records = launch.bucket_records
     monkeypatch.setattr(launch, "bucket_records", keep)
-    run_op(args, deterministic=True)
+    with launch.tile_override(sort="counting"):
+        run_op(args, deterministic=True)
     assert len(kept) == 1
     return kept[0]
 
