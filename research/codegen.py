@@ -40,7 +40,7 @@ KERNELS = ("fwd", "fwd_pairs", "bwd", "bound", "bucket_fill", "gather", "keys", 
 # The deterministic backward's grad_value kernels (bound_kernel.py, bucket_kernels.py;
 # sorted_buckets.py and the gather's float pass for the stable sort).
 DET_KERNELS = KERNELS[3:]
-# The stable sort's, compiled for the encoder's call (dense rows take it).
+# The stable sort's, compiled for the encoder's call (its rows take it).
 STABLE_KERNELS = KERNELS[6:]
 # Each KERNELS name's attribute in launch.py.
 _LAUNCH_NAMES = {"fwd": "msda_fwd_kernel", "fwd_pairs": "msda_fwd_pairs_kernel",

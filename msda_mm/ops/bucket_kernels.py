@@ -1,11 +1,11 @@
 """The deterministic backward's grad_value: samples sorted into buckets by
 cell, then gathered per value row (grad_value_gather_kernel).  Rows with few
-entries (launch.deterministic_sort: the decoders) take the counting sort
-below, whose order inside a bucket varies, and sum integer terms at the row's
-own exponent (fixed_point.py: int64; for 16-bit values int32 sums of terms
-rounded in fp32, exact_sums.py); dense rows (the encoders) take a stable sort
-(sorted_buckets.py), whose order is the samples', and sum in float in that
-order.
+entries (launch.deterministic_sort: under 2 a row, the Deformable DETR
+decoder) take the counting sort below, whose order inside a bucket varies,
+and sum integer terms at the row's own exponent (fixed_point.py: int64; for
+16-bit values int32 sums of terms rounded in fp32, exact_sums.py); denser
+rows (the encoders, DINO's decoder) take a stable sort (sorted_buckets.py),
+whose order is the samples', and sum in float in that order.
 
 A live sample (b, q, m, l, k) (cells._cell) has its top-left bilinear
 corner (y0, x0) in [-1, H_l-1] x [-1, W_l-1]: its cell on level l's

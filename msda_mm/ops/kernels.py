@@ -19,11 +19,11 @@ needs); only the stores round.
 Deterministic backward: msda_bwd_kernel without grad_value (grad_loc and
 grad_attn as in the default backward, bitwise), then the samples sorted by
 cell and a gather per value row (bucket_kernels.py), no atomic on
-grad_value.  Dense rows: a stable sort (sorted_buckets.py), the terms summed
-in float in sample order.  Sparse rows: a counting sort whose ranks
-msda_bwd_kernel takes, the terms summed as integers: integer addition is
-associative, so the order of the samples no longer matters.  Each row's
-terms c * go are scaled by 2**e, a power of two the gather takes from a
+grad_value.  Rows of 2 entries or more: a stable sort (sorted_buckets.py),
+the terms summed in float in sample order.  Sparser rows: a counting sort
+whose ranks msda_bwd_kernel takes, the terms summed as integers: integer
+addition is associative, so the order of the samples no longer matters.  Each
+row's terms c * go are scaled by 2**e, a power of two the gather takes from a
 first pass over the row's entries (its largest |c| * max_d |go|, a max),
 rounded to integers and summed in int64 registers (fp32, fp64 values) or
 int32 (fp16, bf16: terms rounded in one FFMA), with no sum past the

@@ -37,17 +37,17 @@ def interpreter_enabled() -> bool:
 _TILES = {("fwd", 4): (2, 1, 16), ("fwd", 2): (2, 1, 16),
           ("bwd", 4): (1, 1, 8), ("bwd", 2): (1, 1, 16),
           # grad_value_gather_kernel's (BLOCK_S rows, num_warps, BLOCK_E entries a step) for
-          # dense rows (_GATHER_SPARSE), the stable sort's float pass: the best of 6 on the
-          # encoder in fp32 (1246.7 us against 1260.9 at (8, 2, 16)), in bf16 1088.8 against
-          # the best 1084.5 at (8, 1, 16).
+          # dense rows (_GATHER_SPARSE), the stable sort's float pass: the best of 5 on the
+          # encoder in fp32 (1163.3 us against 1167.1 at (8, 2, 16)), in bf16 992.2 against
+          # the best 990.7 at (4, 1, 32).
           ("gather", 4): (4, 1, 16), ("gather", 2): (4, 1, 16)}
 # Below this many entries a value row (4 * Q * L*K / S: decoder 0.9, dino_decoder 2.6,
 # encoder 64) the deterministic backward's gather takes many rows a program: one-entry rows
 # make the grid the cost (fp32 decoder 120.0 us at (32, 1, 1) against 146.3 at (8, 1, 2)).
 _GATHER_SPARSE = (8, (32, 1, 1))
 # Below this many entries a value row the deterministic backward takes the counting sort
-# (deterministic_sort): bf16 decoder 103.2 us against the stable sort's 123.0; dino_decoder
-# 199.0 against 187.1 (bf16) and 256.5 against 205.5 (fp32).
+# (deterministic_sort): bf16 decoder 103.0 us against the stable sort's 121.7; dino_decoder
+# 198.7 against 186.2 (bf16) and 254.7 against 204.1 (fp32).
 _STABLE_SORT_ENTRIES = 2
 # Below this many (batch, query, head) rows a 16-bit (and fp64) forward takes 1 query a
 # program: bf16 decoder 15.6 us against 16.5 with 2 (fp32 keeps 2; docs/design.md).
@@ -368,8 +368,8 @@ def _sample_tile(L: int, K: int, acc_dtype) -> dict:
 
 def _key_dtype(cells: int) -> tuple[torch.dtype, int]:
     """The stable sort's keys, a cell in [0, cells] plus a bias: int16 where
-    cells + 1 keys fit (the radix sort's two passes took 181.4 us for the
-    encoder's 5.7 M samples against 313.2 for int32's four), else int32."""
+    cells + 1 keys fit (torch.sort of the encoder's 5.7 M samples: 175.1 us,
+    311.9 with 32-bit keys), else int32."""
     return (torch.int16, -2**15) if cells < 2**16 else (torch.int32, 0)
 
 

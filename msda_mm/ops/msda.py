@@ -287,11 +287,12 @@ def multi_scale_deformable_attention(
             ``warn_only=True``); or as
             ``torch.are_deterministic_algorithms_enabled()`` says when the
             backward runs (None).  The samples are sorted by cell on the
-            device, then gathered per value row.  Dense rows (the
-            encoders) take a stable sort and sum in fp32 (fp64 for fp64
+            device, then gathered per value row.  Rows of 2 entries or
+            more (the encoders, DINO's decoder) take a stable sort and sum in fp32 (fp64 for fp64
             values) in sample order: grad_value is what fp32_grad_accum=True
             gives up to the order of the adds, and inf or NaN reach only the
-            rows their terms reach.  Sparse rows (the decoders) take a
+            rows their terms reach.  Sparser rows (the Deformable DETR
+            decoder) take a
             counting sort and sum exact integers at a power-of-two scale per
             value row: at least as accurate as fp32_grad_accum=True, and NaN
             throughout a head whose grad_output or attention_weights hold

@@ -1,6 +1,7 @@
-"""The deterministic backward's stable sort, for dense value rows: the
-buckets of bucket_kernels.py with their entries in sample order, so that
-grad_value_gather_kernel can sum them in float, in that order, in one pass.
+"""The deterministic backward's stable sort, for value rows of 2 entries or
+more (launch.deterministic_sort): the buckets of bucket_kernels.py with their
+entries in sample order, so that grad_value_gather_kernel can sum them in
+float, in that order, in one pass.
 
 sample_keys_kernel stores each sample's cell in its head (its key: 16 bits
 where the cells allow, so that the radix sort makes two passes, not four), a
