@@ -385,8 +385,7 @@ def stable_bucket_records(value, spatial_shapes, sampling_locations, attention_w
     keys = torch.empty(samples, device=value.device, dtype=key_dtype)
     slot_records = torch.empty(samples, 4, device=value.device, dtype=_record_words(acc_dtype))
     tile = _sample_tile(L, K, acc_dtype)
-    # Each buffer allocated when first written and dropped after its last
-    # read: the radix sort's own buffers are the peak.
+    # Each buffer allocated when first written and dropped after its last read.
     with _device_guard(value):
         sample_keys_kernel[_grid(value, Q, tile["BLOCK_Q"])](
             spatial_shapes, sampling_locations, attention_weights, keys, slot_records, Q, cells,
