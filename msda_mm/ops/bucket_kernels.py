@@ -51,6 +51,8 @@ from .kernels import (
     _bilinear_weight,
     _chunk_points,
     _head_base,
+    _pair_halves,
+    _pair_words,
     _point_ptrs,
     _program_queries,
     _program_tile,
@@ -249,6 +251,7 @@ def grad_value_gather_kernel(
     stride_gvb, stride_gvs, stride_gvm,
     L: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_E: tl.constexpr,
     BLOCK_D: tl.constexpr, ACC: tl.constexpr, FIXED: tl.constexpr, FP32_TERMS: tl.constexpr,
+    PAIRS: tl.constexpr,
 ):
     """grad_value (B, S, M, D), unit channel stride, every row written: for
     each of BLOCK_S value rows, the terms of the samples in the four cells
@@ -267,7 +270,11 @@ def grad_value_gather_kernel(
     (_fixed_point_terms).  bound_ptr (B, M) float64: a head
     whose bound says it could overflow (_head_ok) is NaN, its buckets unread.
     Not FIXED (entries in sample order: sorted_buckets.py; bound_ptr and
-    gq_ptr None): one pass, the terms summed in ACC in entry order.
+    gq_ptr None): one pass, the terms summed in ACC in entry order; PAIRS
+    (16-bit grad_output and grad_value as int32 words of two channels, as
+    kernels.msda_fwd_pairs_kernel reads value: unit channel strides, even D
+    and strides, Q * stride_goq < 2**31) reads each entry's grad_output row
+    as words at an int32 offset and sums the even and the odd channels apart.
     Grid: (cdiv(S, BLOCK_S), M, B); program 0 takes the last rows, the
     coarsest level's, whose buckets are the fullest, so that the longest
     programs start first."""
@@ -292,24 +299,47 @@ def grad_value_gather_kernel(
         e = _row_exponents(gq_ptr, records_ptr, b, m, d0, d1, d2, d3, e0, e1, e2, n, Q,
                            BLOCK_S, BLOCK_E, ACC, FP32_TERMS)
         acc = tl.zeros([BLOCK_S, BLOCK_D], dtype=tl.int32 if FP32_TERMS else tl.int64)
+    elif PAIRS:
+        # Words: a half in fp32 is one shift or and, an int32 offset one IMAD: the
+        # sm_90 loop 294 instructions a step against 364, the bf16 encoder's gather 8% faster.
+        HALF: tl.constexpr = grad_value_ptr.dtype.element_ty
+        go_words = go_base.to(tl.pointer_type(tl.int32))
+        offs_j = tl.arange(0, BLOCK_D // 2)
+        jmask = offs_j < D // 2
+        jm = jmask[None, None, :]
+        acc_lo = tl.zeros([BLOCK_S, BLOCK_D // 2], dtype=tl.float32)
+        acc_hi = tl.zeros([BLOCK_S, BLOCK_D // 2], dtype=tl.float32)
     else:
         acc = tl.zeros([BLOCK_S, BLOCK_D], dtype=ACC)
     for j0 in range(0, tl.max(tl.reshape(n, [BLOCK_S]), axis=0), BLOCK_E):
         live, q, c = _entries(records_ptr, d0, d1, d2, d3, e0, e1, e2, n, j0, BLOCK_E, ACC)
         if FIXED:
             g = _query_max(gq_ptr, b, m, q, live, Q, ACC)
-        go = tl.load(go_base + q[:, :, None] * stride_goq + (offs_d * stride_god)[None, None, :],
-                     mask=live[:, :, None] & dm, other=0.0).to(ACC)
-        if not FIXED:
-            acc += tl.sum(c[:, :, None] * go, axis=1)
-        elif FP32_TERMS:
-            acc += tl.sum(_integer_terms(c, g, go, e), axis=1)
+        if PAIRS:
+            raw = tl.load(go_words + (q.to(tl.int32) * (stride_goq // 2))[:, :, None]
+                          + offs_j[None, None, :], mask=live[:, :, None] & jm, other=0)
+            lo, hi = _pair_halves(raw, HALF)
+            acc_lo += tl.sum(c[:, :, None] * lo, axis=1)
+            acc_hi += tl.sum(c[:, :, None] * hi, axis=1)
         else:
-            acc += tl.sum(_fixed_point_terms(c, g, go, e), axis=1)
-    if FIXED:
-        out = _fixed_to_float(acc, e, ok, grad_value_ptr.dtype.element_ty, ACC)
-    else:
-        out = acc.to(grad_value_ptr.dtype.element_ty)
+            go = tl.load(go_base + q[:, :, None] * stride_goq
+                         + (offs_d * stride_god)[None, None, :],
+                         mask=live[:, :, None] & dm, other=0.0).to(ACC)
+            if not FIXED:
+                acc += tl.sum(c[:, :, None] * go, axis=1)
+            elif FP32_TERMS:
+                acc += tl.sum(_integer_terms(c, g, go, e), axis=1)
+            else:
+                acc += tl.sum(_fixed_point_terms(c, g, go, e), axis=1)
     gv_base = _head_base(grad_value_ptr, b, m, stride_gvb, stride_gvm)
-    tl.store(_row_ptrs(gv_base, s, stride_gvs, offs_d, 1), out,
-             mask=rmask[:, None] & dmask[None, :])
+    if PAIRS:
+        gv_words = gv_base.to(tl.pointer_type(tl.int32))
+        tl.store(_row_ptrs(gv_words, s, stride_gvs // 2, offs_j, 1),
+                 _pair_words(acc_lo, acc_hi, HALF), mask=rmask[:, None] & jmask[None, :])
+    else:
+        if FIXED:
+            out = _fixed_to_float(acc, e, ok, grad_value_ptr.dtype.element_ty, ACC)
+        else:
+            out = acc.to(grad_value_ptr.dtype.element_ty)
+        tl.store(_row_ptrs(gv_base, s, stride_gvs, offs_d, 1), out,
+                 mask=rmask[:, None] & dmask[None, :])

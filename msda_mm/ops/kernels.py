@@ -312,11 +312,8 @@ def msda_fwd_kernel(
 
 
 @triton.jit
-def _acc_pair_rows(acc_lo, acc_hi, ptrs, mask, c, HALF: tl.constexpr):
-    """acc_lo/acc_hi [BLOCK_Q, BLOCK_D // 2] += c[:, None] * the even / odd
-    channels of the rows at ``ptrs``, read as int32 words of two HALF values
-    (zeros where ``mask``, [BLOCK_Q, BLOCK_D // 2], is off)."""
-    raw = tl.load(ptrs, mask=mask, other=0)
+def _pair_halves(raw, HALF: tl.constexpr):
+    """int32 words of two HALF values: the low and the high ones, in fp32."""
     if HALF == tl.bfloat16:
         # A bf16 is the high half of an fp32: one shift or one and per value,
         # where a bf16 -> fp32 conversion took 1.5 instructions on sm_90.
@@ -325,6 +322,22 @@ def _acc_pair_rows(acc_lo, acc_hi, ptrs, mask, c, HALF: tl.constexpr):
     else:
         lo = raw.to(tl.int16).to(HALF, bitcast=True).to(tl.float32)
         hi = (raw >> 16).to(tl.int16).to(HALF, bitcast=True).to(tl.float32)
+    return lo, hi
+
+
+@triton.jit
+def _pair_words(lo, hi, HALF: tl.constexpr):
+    """_pair_halves' inverse: fp32 lo and hi rounded to HALF, as int32 words."""
+    return ((lo.to(HALF).to(tl.int16, bitcast=True).to(tl.int32) & 65535)
+            | (hi.to(HALF).to(tl.int16, bitcast=True).to(tl.int32) << 16))
+
+
+@triton.jit
+def _acc_pair_rows(acc_lo, acc_hi, ptrs, mask, c, HALF: tl.constexpr):
+    """acc_lo/acc_hi [BLOCK_Q, BLOCK_D // 2] += c[:, None] * the even / odd
+    channels of the rows at ``ptrs``, read as int32 words of two HALF values
+    (zeros where ``mask``, [BLOCK_Q, BLOCK_D // 2], is off)."""
+    lo, hi = _pair_halves(tl.load(ptrs, mask=mask, other=0), HALF)
     return acc_lo + c[:, None] * lo, acc_hi + c[:, None] * hi
 
 
@@ -403,10 +416,9 @@ def msda_fwd_pairs_kernel(
         inv_sum = (1.0 / row_sum)[:, None]
         acc_lo *= inv_sum
         acc_hi *= inv_sum
-    lo = acc_lo.to(HALF).to(tl.int16, bitcast=True).to(tl.int32) & 65535
-    hi = acc_hi.to(HALF).to(tl.int16, bitcast=True).to(tl.int32) << 16
     o_base = _head_base(out_ptr, b, m, stride_ob, stride_om).to(words)
-    tl.store(_row_ptrs(o_base, q, stride_oq // 2, offs_j, 1), lo | hi, mask=qmask[:, None] & jm)
+    tl.store(_row_ptrs(o_base, q, stride_oq // 2, offs_j, 1), _pair_words(acc_lo, acc_hi, HALF),
+             mask=qmask[:, None] & jm)
 
 
 @triton.jit

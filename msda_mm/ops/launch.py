@@ -23,7 +23,6 @@ grad_value_bound_kernel = FastLaunch(bound_kernel.grad_value_bound_kernel)
 bucket_fill_kernel = FastLaunch(bucket_kernels.bucket_fill_kernel)
 grad_value_gather_kernel = FastLaunch(bucket_kernels.grad_value_gather_kernel)
 sample_keys_kernel = FastLaunch(sorted_buckets.sample_keys_kernel)
-bucket_bounds_kernel = FastLaunch(sorted_buckets.bucket_bounds_kernel)
 sorted_fill_kernel = FastLaunch(sorted_buckets.sorted_fill_kernel)
 
 
@@ -138,6 +137,14 @@ def _tile(kernel: str, value: torch.Tensor, points: int, rows: int,
     return dict(BLOCK_Q=block_q, BLOCK_P=block_p, BLOCK_D=block_d, num_warps=num_warps)
 
 
+def _half_words(t: torch.Tensor) -> bool:
+    """Whether t's (..., D) rows are whole int32 words of two fp16/bf16
+    channels: unit channel stride, even D and strides, a 4-byte aligned start."""
+    return (t.dtype in (torch.float16, torch.bfloat16) and t.stride(-1) == 1
+            and t.shape[-1] % 2 == 0 and not any(st % 2 for st in t.stride()[:-1])
+            and t.data_ptr() % 4 == 0)
+
+
 def _pairs_tile(value: torch.Tensor, rows: int, acc) -> dict | None:
     """Launch constants for msda_fwd_pairs_kernel, or None where it does not
     apply: fp16/bf16 values whose rows are whole int32 words (unit channel
@@ -145,9 +152,7 @@ def _pairs_tile(value: torch.Tensor, rows: int, acc) -> dict | None:
     and a grid past _FWD_FEW_ROWS rows (or a "pairs" tile_override)."""
     if "fwd" in _tile_override or ("pairs" not in _tile_override and rows < _FWD_FEW_ROWS):
         return None
-    if (value.dtype not in (torch.float16, torch.bfloat16) or acc is not tl.float32
-            or value.stride(3) != 1 or value.shape[3] % 2
-            or any(st % 2 for st in value.stride()[:3]) or value.data_ptr() % 4):
+    if not _half_words(value) or acc is not tl.float32:
         return None
     block_d = _next_pow2(value.shape[3])
     block_q, num_warps = _tile_override.get(
@@ -393,14 +398,10 @@ def stable_bucket_records(value, spatial_shapes, sampling_locations, attention_w
         sorted_keys, perm = torch.sort(keys, stable=True)
         del keys
         bounds = torch.zeros(2, cells * B * M, device=value.device, dtype=index)
-        bucket_bounds_kernel[(-(-samples // _SORT["SAMPLES"]),)](
-            sorted_keys, perm, bounds, samples, cells, B * M, Q * L * K, bias,
-            BLOCK=_SORT["SAMPLES"], num_warps=_SORT["num_warps"])
-        del sorted_keys
         records = torch.empty_like(slot_records)
         sorted_fill_kernel[(-(-samples // _SORT["SAMPLES"]),)](
-            perm, slot_records, records, samples, BLOCK=_SORT["SAMPLES"],
-            num_warps=_SORT["num_warps"])
+            sorted_keys, perm, slot_records, records, bounds, samples, cells, B * M, Q * L * K,
+            bias, BLOCK=_SORT["SAMPLES"], num_warps=_SORT["num_warps"])
     return cells, bounds, records
 
 
@@ -459,6 +460,8 @@ def _deterministic_grad_value(go, value, spatial_shapes, level_start_index, samp
             L=L, BLOCK_S=tile["BLOCK_Q"], BLOCK_E=tile["BLOCK_P"],
             BLOCK_D=tile["BLOCK_D"], ACC=acc_dtype, FIXED=sort is not None,
             FP32_TERMS=value.element_size() == 2 and acc_dtype is tl.float32,
+            PAIRS=(sort is None and acc_dtype is tl.float32 and go.dtype == value.dtype
+                   and _half_words(go) and _half_words(grad_value) and Q * go.stride(1) < 2**31),
             num_warps=tile["num_warps"])
     return grad_value
 

@@ -7,8 +7,8 @@ sample_keys_kernel stores each sample's cell in its head (its key: 16 bits
 where the cells allow, so that the radix sort makes two passes, not four), a
 stable radix sort (torch.sort) orders the samples by cell and then by slot,
 whose order is head by head: by (cell, head, slot), each bucket (head, cell)
-contiguous.  bucket_bounds_kernel finds where each bucket starts and ends in
-that order, and sorted_fill_kernel moves each entry's record
+contiguous.  sorted_fill_kernel finds where each bucket starts and ends in
+that order and moves each entry's record
 (bucket_kernels._record_words), which the keys kernel wrote in sample order
 where it read the locations and weights in order, there.
 Nothing depends on the order in which programs run: the same entries in the
@@ -60,15 +60,13 @@ def _sorted_pair(sorted_ptr, perm_ptr, j, mask, HEADS, HEAD_SAMPLES, KEY_BIAS,
 
 
 @triton.jit
-def bucket_bounds_kernel(sorted_ptr, perm_ptr, bounds_ptr, N, CELLS, HEADS, HEAD_SAMPLES,
-                         KEY_BIAS, BLOCK: tl.constexpr):
+def _bucket_bounds(sorted_ptr, perm_ptr, bounds_ptr, j, ok, N, CELLS, HEADS, HEAD_SAMPLES,
+                   KEY_BIAS):
     """Where each bucket's entries start and end among the N sorted ones:
     bounds (2, CELLS * HEADS), zeros first, of the index dtype (int32 where
     N and the pairs fit), indexed by (cell, head) pair (_sorted_pair).
     Entry j is its bucket's first where the pair before it differs, its last
     where the pair after it does; empty buckets keep (0, 0)."""
-    j = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    ok = j < N
     index = bounds_ptr.dtype.element_ty
     cell, pair = _sorted_pair(sorted_ptr, perm_ptr, j, ok, HEADS, HEAD_SAMPLES, KEY_BIAS, index)
     _, before = _sorted_pair(sorted_ptr, perm_ptr, j - 1, ok & (j > 0), HEADS, HEAD_SAMPLES,
@@ -83,12 +81,16 @@ def bucket_bounds_kernel(sorted_ptr, perm_ptr, bounds_ptr, N, CELLS, HEADS, HEAD
 
 
 @triton.jit
-def sorted_fill_kernel(perm_ptr, slot_records_ptr, records_ptr, N, BLOCK: tl.constexpr):
+def sorted_fill_kernel(sorted_ptr, perm_ptr, slot_records_ptr, records_ptr, bounds_ptr, N, CELLS,
+                       HEADS, HEAD_SAMPLES, KEY_BIAS, BLOCK: tl.constexpr):
     """records[j] = slot_records[perm[j]] for j in [0, N): the records in
-    the sort's order, one vector load and store each.  Dead samples, sorted
+    the sort's order, one vector load and store each, and each bucket's
+    bounds (_bucket_bounds) from the same entries.  Dead samples, sorted
     last, get records that no bucket reaches."""
     j = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     ok = j < N
+    _bucket_bounds(sorted_ptr, perm_ptr, bounds_ptr, j, ok, N, CELLS, HEADS, HEAD_SAMPLES,
+                   KEY_BIAS)
     slot = tl.load(perm_ptr + j, mask=ok, other=0).to(tl.int64)
     words = tl.load(_record_ptrs(slot_records_ptr, slot[:, None]), mask=ok[:, None, None])
     tl.store(_record_ptrs(records_ptr, j[:, None]), words, mask=ok[:, None, None])

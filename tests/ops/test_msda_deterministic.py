@@ -89,6 +89,26 @@ def test_locations_and_weights_gradients_are_the_default_backwards(dtype, sort):
         assert_equal(det[k], default[k])
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_stable_sort_sums_a_strided_grad_output_as_a_contiguous_one(dtype):
+    # A contiguous 16-bit grad_output is read as int32 words of two channels, a
+    # strided one channel by channel: the same terms in fp32, one rounding apart.
+    args = _crowded(dtype, seed=2)
+    gen = torch.Generator().manual_seed(2)
+    wide = torch.randn(1, 6, 16, dtype=torch.float64, generator=gen).to(dtype)
+    shapes = args["spatial_shapes"]
+    starts = torch.cat([shapes.new_zeros(1), shapes.prod(1).cumsum(0)[:-1]])
+    inputs = [args["value"], shapes, starts, args["sampling_locations"],
+              args["attention_weights"]]
+    with launch.tile_override(sort="stable"):
+        strided = launch.msda_backward(wide[..., ::2], *inputs, False, True)[0]
+        packed = launch.msda_backward(wide[..., ::2].contiguous(), *inputs, False, True)[0]
+    scale = packed.abs().max().item()
+    torch.testing.assert_close(strided, packed, rtol=ONE_ROUNDING[dtype],
+                               atol=ONE_ROUNDING[dtype] * scale)
+    assert packed.abs().sum() > 0
+
+
 def worst_row_err(x: torch.Tensor, ref: torch.Tensor) -> float:
     """The largest relative error of a grad_value row (b, s, m) that the
     reference has nonzero: small rows count as much as large ones."""
