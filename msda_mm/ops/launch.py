@@ -35,6 +35,10 @@ def interpreter_enabled() -> bool:
 # L * K = 16 (wider heads: _tile): the fastest of 13 one- and multi-warp tiles (docs/design.md).
 _TILES = {("fwd", 4): (2, 1, 16), ("fwd", 2): (2, 1, 16),
           ("bwd", 4): (1, 1, 8), ("bwd", 2): (1, 1, 16),
+          # msda_bwd_kernel without grad_value (the deterministic backward): encoder
+          # 212.1 us in bf16 against 289.9 at (1, 1, 8), fp32 317.1 against 387.0; decoders
+          # take 1 query a program (_FEW_ROWS: bf16 dino_decoder 29.7 against 34.5).
+          ("bwd_det", 4): (4, 1, 8), ("bwd_det", 2): (4, 1, 16),
           # grad_value_gather_kernel's (BLOCK_S rows, num_warps, BLOCK_E entries a step) for
           # dense rows (_GATHER_SPARSE), the stable sort's float pass: the best of 5 on the
           # encoder in fp32 (1163.3 us against 1167.1 at (8, 2, 16)), in bf16 992.2 against
@@ -48,9 +52,10 @@ _GATHER_SPARSE = (8, (32, 1, 1))
 # (deterministic_sort): bf16 decoder 103.0 us against the stable sort's 121.7; dino_decoder
 # 198.7 against 186.2 (bf16) and 254.7 against 204.1 (fp32).
 _STABLE_SORT_ENTRIES = 2
-# Below this many (batch, query, head) rows a 16-bit (and fp64) forward takes 1 query a
-# program: bf16 decoder 15.6 us against 16.5 with 2 (fp32 keeps 2; docs/design.md).
-_FWD_FEW_ROWS = 1 << 16
+# Below this many (batch, query, head) rows a 16-bit (and fp64) forward and the
+# deterministic backward's msda_bwd_kernel take 1 query a program: bf16 decoder forward
+# 15.6 us against 16.5 with 2 (fp32 keeps 2; docs/design.md).
+_FEW_ROWS = 1 << 16
 # msda_fwd_pairs_kernel's queries per one-warp program at D = 32 (wider heads: _pairs_tile):
 # bf16 encoder 170.9 us against 173.2 (16 x 2) and 173.0 (32 x 4) (docs/design.md).
 _PAIRS_QUERIES_D32 = 8
@@ -113,14 +118,18 @@ def _tile(kernel: str, value: torch.Tensor, points: int, rows: int,
     """Launch constants for ``points`` = L * K sampling points per query and
     ``rows`` = B * Q * M (query, head) pairs; the tuned tile is that of
     value's element size, or of ``element_size`` where given.  The gather
-    takes ``points`` = Q * L * K samples a head and ``rows`` = B * S * M."""
-    block_q, num_warps, *block_p = _tile_override.get(
-        kernel, _TILES[kernel, min(element_size or value.element_size(), 4)])
-    if kernel == "gather" and kernel not in _tile_override and _sparse_rows(value, points):
-        block_q, num_warps, *block_p = _GATHER_SPARSE[1]
-    if (kernel == "fwd" and kernel not in _tile_override and rows < _FWD_FEW_ROWS
-            and value.dtype != torch.float32):
-        block_q = 1
+    takes ``points`` = Q * L * K samples a head and ``rows`` = B * S * M;
+    "bwd_det" is msda_bwd_kernel without grad_value (tile_override's ``bwd``)."""
+    few_rows = rows < _FEW_ROWS and (
+        kernel == "bwd_det" or (kernel == "fwd" and value.dtype != torch.float32))
+    tile = _TILES[kernel, min(element_size or value.element_size(), 4)]
+    kernel = kernel.removesuffix("_det")
+    block_q, num_warps, *block_p = _tile_override.get(kernel, tile)
+    if kernel not in _tile_override:
+        if kernel == "gather" and _sparse_rows(value, points):
+            block_q, num_warps, *block_p = _GATHER_SPARSE[1]
+        if few_rows:
+            block_q = 1
     block_p = min(_next_pow2(points), *block_p or [16])
     block_d = _next_pow2(value.shape[-1])
     # A wider head first takes queries off the tile (the registers of the
@@ -149,8 +158,8 @@ def _pairs_tile(value: torch.Tensor, rows: int, acc) -> dict | None:
     """Launch constants for msda_fwd_pairs_kernel, or None where it does not
     apply: fp16/bf16 values whose rows are whole int32 words (unit channel
     stride, even D and strides, a 4-byte aligned start), fp32 accumulation,
-    and a grid past _FWD_FEW_ROWS rows (or a "pairs" tile_override)."""
-    if "fwd" in _tile_override or ("pairs" not in _tile_override and rows < _FWD_FEW_ROWS):
+    and a grid past _FEW_ROWS rows (or a "pairs" tile_override)."""
+    if "fwd" in _tile_override or ("pairs" not in _tile_override and rows < _FEW_ROWS):
         return None
     if not _half_words(value) or acc is not tl.float32:
         return None
@@ -491,9 +500,13 @@ def plan_backward(value, sampling_locations, attention_weights, fp32_grad_accum:
     B, S, M, D = value.shape
     _, Q, _, L, K, _ = sampling_locations.shape
     acc = _acc_dtype(value, sampling_locations, attention_weights)
-    # Without grad_value the fp32 tile (8 points a chunk): the bf16 one spilled at D = 256
-    # on sm_90 (1 register; research/compile_check.py).
-    tile = _tile("bwd", value, L * K, B * Q * M, 4 if deterministic else 0)
+    # Without grad_value a tile of its own up to D = 64; past it the fp32 float backward's
+    # (8 points a chunk): the 16-bit one spilled at D = 256 on sm_90 (1 register;
+    # research/compile_check.py).
+    if deterministic and D <= 64:
+        tile = _tile("bwd_det", value, L * K, B * Q * M)
+    else:
+        tile = _tile("bwd", value, L * K, B * Q * M, 4 if deterministic else 0)
     # The kernel stores the weights' gradient g in g_attn; with softmax, the
     # logits' p * (g - sum(p * g)) in grad_attn after it.  g in point_softmax's
     # dtype (fp32 at least), as the unfused backward had it: 16-bit g would
