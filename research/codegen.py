@@ -35,8 +35,8 @@ from msda_mm.ops import launch
 from msda_mm.ops.msda import resolve_fp32_grad_accum
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
-KERNELS = ("fwd", "fwd_pairs", "bwd", "bound", "bucket_fill", "gather", "keys", "sorted_fill",
-           "stable_gather")
+KERNELS = ("fwd", "fwd_pairs", "bwd", "bound", "bucket_fill", "gather", "stable_bwd",
+           "sorted_fill", "stable_gather")
 # The deterministic backward's grad_value kernels (bound_kernel.py, bucket_kernels.py;
 # sorted_buckets.py and the gather's float pass for the stable sort).
 DET_KERNELS = KERNELS[3:]
@@ -46,7 +46,7 @@ STABLE_KERNELS = KERNELS[6:]
 _LAUNCH_NAMES = {"fwd": "msda_fwd_kernel", "fwd_pairs": "msda_fwd_pairs_kernel",
                  "bwd": "msda_bwd_kernel", "bound": "grad_value_bound_kernel",
                  "bucket_fill": "bucket_fill_kernel", "gather": "grad_value_gather_kernel",
-                 "keys": "sample_keys_kernel", "sorted_fill": "sorted_fill_kernel",
+                 "stable_bwd": "msda_bwd_kernel", "sorted_fill": "sorted_fill_kernel",
                  "stable_gather": "grad_value_gather_kernel"}
 
 # The mmdet default call (Deformable DETR decoder on a COCO image, D = 32,

@@ -35,7 +35,14 @@ import triton
 import triton.language as tl
 
 from .bound_kernel import _query_max_ptrs
-from .cells import _ext_start, _sample_bucket, _sample_slot
+from .cells import (
+    _ext_start,
+    _record_fields,
+    _record_ptrs,
+    _record_words,
+    _sample_bucket,
+    _sample_slot,
+)
 from .exact_sums import SUM_BITS, TERM_BITS, _integer_terms
 from .fixed_point import (
     FIXED_BITS,
@@ -77,34 +84,6 @@ def _sample_buckets(p0, b, m, q, qmask, Q, CELLS, shapes_ptr, loc_ptr,
     y = tl.load(lp + stride_lc, mask=inside, other=0.0).to(ACC)
     live, bucket, lx, ly = _sample_bucket(x, y, l, H, W, inside, b, m, CELLS, shapes_ptr, L)
     return live, bucket, _sample_slot(p0, b, m, q, Q, L, K, BLOCK_P), lx, ly, l, k
-
-
-@triton.jit
-def _record_words(q, w, lx, ly, BITS: tl.constexpr):
-    """A [BLOCK_Q, BLOCK_P] tile's records as [BLOCK_Q, BLOCK_P, 4] words of
-    BITS (int32 for fp32 w, lx, ly, int64 for fp64): query, and the bits of
-    w, lx and ly.  Joined, not selected: the four words are one thread's, so
-    that each record is one vector store (STG.E.128 for int32 words)."""
-    query = tl.broadcast_to(q[:, None], w.shape).to(BITS)
-    words = tl.join(tl.join(query, lx.to(BITS, bitcast=True)),
-                    tl.join(w.to(BITS, bitcast=True), ly.to(BITS, bitcast=True)))
-    return tl.reshape(words, [w.shape[0], w.shape[1], 4])
-
-
-@triton.jit
-def _record_fields(words, ACC: tl.constexpr):
-    """_record_words' inverse: query (int64), w, lx, ly (ACC)."""
-    ql, wy = tl.split(tl.reshape(words, [words.shape[0], words.shape[1], 2, 2]))
-    q, lx = tl.split(ql)
-    w, ly = tl.split(wy)
-    return (q.to(tl.int64), w.to(ACC, bitcast=True), lx.to(ACC, bitcast=True),
-            ly.to(ACC, bitcast=True))
-
-
-@triton.jit
-def _record_ptrs(records_ptr, entry):
-    """[..., 4] pointers to the records of entries ``entry``: (N, 4) words."""
-    return records_ptr + entry[:, :, None] * 4 + tl.arange(0, 4)[None, None, :]
 
 
 @triton.jit

@@ -71,3 +71,47 @@ def _rank_samples(x, y, l, H, W, inside, p0, b, m, q, Q, CELLS, shapes_ptr, rank
     live, bucket, _, _ = _sample_bucket(x, y, l, H, W, inside, b, m, CELLS, shapes_ptr, L)
     rank = tl.atomic_add(counts_ptr + 1 + bucket, 1, mask=live, sem="relaxed")
     tl.store(ranks_ptr + _sample_slot(p0, b, m, q, Q, L, K, BLOCK_P), rank, mask=live)
+
+
+@triton.jit
+def _record_words(q, w, lx, ly, BITS: tl.constexpr):
+    """A [BLOCK_Q, BLOCK_P] tile's records as [BLOCK_Q, BLOCK_P, 4] words of
+    BITS (int32 for fp32 w, lx, ly, int64 for fp64): query, and the bits of
+    w, lx and ly.  Joined, not selected: the four words are one thread's, so
+    that each record is one vector store (STG.E.128 for int32 words)."""
+    query = tl.broadcast_to(q[:, None], w.shape).to(BITS)
+    words = tl.join(tl.join(query, lx.to(BITS, bitcast=True)),
+                    tl.join(w.to(BITS, bitcast=True), ly.to(BITS, bitcast=True)))
+    return tl.reshape(words, [w.shape[0], w.shape[1], 4])
+
+
+@triton.jit
+def _record_fields(words, ACC: tl.constexpr):
+    """_record_words' inverse: query (int64), w, lx, ly (ACC)."""
+    ql, wy = tl.split(tl.reshape(words, [words.shape[0], words.shape[1], 2, 2]))
+    q, lx = tl.split(ql)
+    w, ly = tl.split(wy)
+    return (q.to(tl.int64), w.to(ACC, bitcast=True), lx.to(ACC, bitcast=True),
+            ly.to(ACC, bitcast=True))
+
+
+@triton.jit
+def _record_ptrs(records_ptr, entry):
+    """[..., 4] pointers to the records of entries ``entry``: (N, 4) words."""
+    return records_ptr + entry[:, :, None] * 4 + tl.arange(0, 4)[None, None, :]
+
+
+@triton.jit
+def _key_samples(x, y, l, H, W, inside, w, p0, b, m, q, Q, CELLS, KEY_BIAS, shapes_ptr, keys_ptr,
+                 records_ptr, L: tl.constexpr, K: tl.constexpr, BLOCK_P: tl.constexpr):
+    """The stable sort's input from a tile of samples (_sample_bucket), each
+    at its slot (_sample_slot): its key, its cell in its head plus KEY_BIAS
+    (CELLS + KEY_BIAS, past every cell, where it is not live), and where
+    live its record (_record_words) of weight w (ACC)."""
+    live, bucket, lx, ly = _sample_bucket(x, y, l, H, W, inside, b, m, CELLS, shapes_ptr, L)
+    slot = _sample_slot(p0, b, m, q, Q, L, K, BLOCK_P)
+    head = (b.to(tl.int64) * tl.num_programs(1) + m) * CELLS
+    key = tl.where(live, bucket - head, CELLS) + KEY_BIAS
+    tl.store(keys_ptr + slot, key.to(keys_ptr.dtype.element_ty), mask=inside)
+    tl.store(_record_ptrs(records_ptr, slot),
+             _record_words(q, w, lx, ly, records_ptr.dtype.element_ty), mask=live[:, :, None])

@@ -41,7 +41,7 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from .cells import _cell, _rank_samples
+from .cells import _cell, _key_samples, _rank_samples
 
 
 @triton.jit
@@ -458,7 +458,7 @@ def _softmax_backward(b, m, q, qmask, attn_ptr, grad_attn_ptr, grad_logit_ptr, r
 def msda_bwd_kernel(
     grad_out_ptr, value_ptr, shapes_ptr, starts_ptr, loc_ptr, attn_ptr,
     grad_value_ptr, grad_loc_ptr, grad_attn_ptr, grad_logit_ptr, ranks_ptr, counts_ptr,
-    Q, S, D: tl.constexpr, CELLS,
+    keys_ptr, records_ptr, CELLS, KEY_BIAS, Q, S, D: tl.constexpr,
     stride_gob, stride_goq, stride_gom, stride_god,
     stride_vb, stride_vs, stride_vm, stride_vd,
     stride_lb, stride_lq, stride_lm, stride_ll, stride_lk, stride_lc,
@@ -481,6 +481,8 @@ def msda_bwd_kernel(
     grad_value_gather_kernel's).  counts_ptr not None (a constexpr, with
     ranks_ptr and CELLS; None in the other backwards): also the counting
     sort's ranks of the samples in their buckets (cells._rank_samples).
+    keys_ptr not None (with records_ptr, CELLS and KEY_BIAS): also the stable
+    sort's keys and records of the samples (cells._key_samples).
 
     PDL (sm_90+, launched with launch_pdl right after grad_value's fill:
     zero_fill_kernel, or PyTorch's fill for fp32): the gathers and the
@@ -514,6 +516,10 @@ def msda_bwd_kernel(
             # are _bilinear_corners', computed once).
             _rank_samples(x, y, l, H, W, live, p0, b, m, q, Q, CELLS, shapes_ptr, ranks_ptr,
                           counts_ptr, L, K, BLOCK_P)
+        if keys_ptr is not None:
+            # The stable sort's keys and records, where the locations and weights are read.
+            _key_samples(x, y, l, H, W, live, w, p0, b, m, q, Q, CELLS, KEY_BIAS, shapes_ptr,
+                         keys_ptr, records_ptr, L, K, BLOCK_P)
         if SOFTMAX:
             w = _point_softmax(w, live, row_max, inv_sum)
         v00, v01, v10, v11 = _load_corners(v_base, i00, W, m00, m01, m10, m11, stride_vs,

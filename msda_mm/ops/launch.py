@@ -22,7 +22,6 @@ zero_fill_kernel = FastLaunch(kernels.zero_fill_kernel)
 grad_value_bound_kernel = FastLaunch(bound_kernel.grad_value_bound_kernel)
 bucket_fill_kernel = FastLaunch(bucket_kernels.bucket_fill_kernel)
 grad_value_gather_kernel = FastLaunch(bucket_kernels.grad_value_gather_kernel)
-sample_keys_kernel = FastLaunch(sorted_buckets.sample_keys_kernel)
 sorted_fill_kernel = FastLaunch(sorted_buckets.sorted_fill_kernel)
 
 
@@ -374,7 +373,7 @@ def _record_words(acc_dtype) -> torch.dtype:
 
 
 def _sample_tile(L: int, K: int, acc_dtype) -> dict:
-    """bucket_fill_kernel's and sample_keys_kernel's launch constants."""
+    """bucket_fill_kernel's launch constants."""
     block_p = min(_next_pow2(L * K), _SORT["SAMPLES"])
     return dict(BLOCK_Q=_SORT["SAMPLES"] // block_p, BLOCK_P=block_p, ACC=acc_dtype,
                 num_warps=_SORT["num_warps"])
@@ -387,31 +386,40 @@ def _key_dtype(cells: int) -> tuple[torch.dtype, int]:
     return (torch.int16, -2**15) if cells < 2**16 else (torch.int32, 0)
 
 
-def stable_bucket_records(value, spatial_shapes, sampling_locations, attention_weights,
-                          acc_dtype):
-    """The samples bucketed by cell by a stable sort (sorted_buckets.py):
-    (cells, bounds, records), bucket (head, cell) holding records
-    bounds[0, i] .. bounds[1, i], i = cell * B * M + head, its entries in
-    sample order, the same every run."""
+class KeyBuffers(NamedTuple):
+    """The stable sort's input (sorted_buckets.py), msda_bwd_kernel's to
+    fill: each sample's key (its cell in its head plus ``bias``) and its
+    record (bucket_kernels._record_words), both at its slot."""
+    cells: int
+    bias: int
+    keys: torch.Tensor  # (B * M * Q * L*K,)
+    records: torch.Tensor  # (B * M * Q * L*K, 4)
+
+
+def key_buffers(value, sampling_locations, acc_dtype) -> KeyBuffers:
+    """The keys and records for the samples of these locations."""
+    cells, samples, _, _ = _sort_sizes(value, sampling_locations)
+    key_dtype, bias = _key_dtype(cells)
+    return KeyBuffers(cells, bias, torch.empty(samples, device=value.device, dtype=key_dtype),
+                      torch.empty(samples, 4, device=value.device,
+                                  dtype=_record_words(acc_dtype)))
+
+
+def stable_bucket_records(value, sampling_locations, keyed: KeyBuffers):
+    """The samples bucketed by cell by a stable sort of msda_bwd_kernel's
+    keys (sorted_buckets.py): (bounds, records), bucket (head, cell) holding
+    records bounds[0, i] .. bounds[1, i], i = cell * B * M + head, its
+    entries in sample order, the same every run."""
     B, Q, M, L, K, _ = sampling_locations.shape
     cells, samples, _, index = _sort_sizes(value, sampling_locations)
-    key_dtype, bias = _key_dtype(cells)
-    keys = torch.empty(samples, device=value.device, dtype=key_dtype)
-    slot_records = torch.empty(samples, 4, device=value.device, dtype=_record_words(acc_dtype))
-    tile = _sample_tile(L, K, acc_dtype)
-    # Each buffer allocated when first written and dropped after its last read.
     with _device_guard(value):
-        sample_keys_kernel[_grid(value, Q, tile["BLOCK_Q"])](
-            spatial_shapes, sampling_locations, attention_weights, keys, slot_records, Q, cells,
-            bias, *sampling_locations.stride(), *attention_weights.stride(), L=L, K=K, **tile)
-        sorted_keys, perm = torch.sort(keys, stable=True)
-        del keys
+        sorted_keys, perm = torch.sort(keyed.keys, stable=True)
         bounds = torch.zeros(2, cells * B * M, device=value.device, dtype=index)
-        records = torch.empty_like(slot_records)
+        records = torch.empty_like(keyed.records)
         sorted_fill_kernel[(-(-samples // _SORT["SAMPLES"]),)](
-            sorted_keys, perm, slot_records, records, bounds, samples, cells, B * M, Q * L * K,
-            bias, BLOCK=_SORT["SAMPLES"], num_warps=_SORT["num_warps"])
-    return cells, bounds, records
+            sorted_keys, perm, keyed.records, records, bounds, samples, cells, B * M, Q * L * K,
+            keyed.bias, BLOCK=_SORT["SAMPLES"], num_warps=_SORT["num_warps"])
+    return bounds, records
 
 
 def bucket_records(value, spatial_shapes, sampling_locations, attention_weights,
@@ -436,43 +444,81 @@ def bucket_records(value, spatial_shapes, sampling_locations, attention_weights,
     return offsets, records
 
 
-def _deterministic_grad_value(go, value, spatial_shapes, level_start_index, sampling_locations,
-                              attention_weights, sort: SortBuffers | None,
-                              acc_dtype) -> torch.Tensor:
-    """grad_value in value's dtype, without atomics: the samples bucketed by
-    cell, then gathered per value row (bucket_kernels.py).  With ``sort``
-    (msda_bwd_kernel ranked them into it: the counting sort) summed as
-    integers at the row's own exponent (fixed_point.py: int64; 16-bit values
-    int32 from terms rounded in fp32, exact_sums.py); without (the stable
-    sort, stable_bucket_records) summed in float in sample order."""
+class Buckets(NamedTuple):
+    """The samples bucketed by cell for grad_value_gather_kernel: bucket i
+    = head * strides[0] + cell * strides[1] holds records lo[i] .. hi[i];
+    with the counting sort (fixed point) also the heads' bounds and the
+    queries' max |grad_output| (None with the stable sort)."""
+    cells: int
+    lo: torch.Tensor
+    hi: torch.Tensor
+    strides: tuple[int, int]
+    records: torch.Tensor
+    bound: torch.Tensor | None
+    query_max: torch.Tensor | None
+
+
+def _buckets(go, value, spatial_shapes, sampling_locations, attention_weights,
+             sort: SortBuffers | KeyBuffers, acc_dtype) -> Buckets:
+    """The samples that msda_bwd_kernel ranked (SortBuffers: the counting
+    sort) or keyed (KeyBuffers: the stable sort) in their buckets."""
+    if isinstance(sort, KeyBuffers):
+        bounds, records = stable_bucket_records(value, sampling_locations, sort)
+        B, _, M, _ = value.shape
+        return Buckets(sort.cells, bounds[0], bounds[1], (1, B * M), records, None, None)
+    B, Q, M = attention_weights.shape[:3]
+    query_max = torch.empty(B, Q, M, device=value.device, dtype=torch.float64
+                            if go.dtype == torch.float64 else torch.float32)
+    bound = grad_value_bound(go, attention_weights, query_max)
+    offsets, records = bucket_records(value, spatial_shapes, sampling_locations,
+                                      attention_weights, sort, acc_dtype)
+    return Buckets(sort.cells, offsets, offsets[1:], (sort.cells, 1), records, bound, query_max)
+
+
+def _deterministic_grad_value(go, value, spatial_shapes, level_start_index, buckets: Buckets,
+                              samples: int, Q: int, acc_dtype) -> torch.Tensor:
+    """grad_value in value's dtype, without atomics, gathered per value row
+    from the bucketed samples (bucket_kernels.py; ``samples`` a head's, Q
+    queries).  With the counting sort summed as integers at the row's own
+    exponent (fixed_point.py: int64; 16-bit values int32 from terms rounded
+    in fp32, exact_sums.py); with the stable sort summed in float in sample
+    order."""
     B, S, M, D = value.shape
-    _, Q, _, L, K, _ = sampling_locations.shape
-    if sort is None:
-        cells, (lo, hi), records = stable_bucket_records(
-            value, spatial_shapes, sampling_locations, attention_weights, acc_dtype)
-        strides = (1, B * M)
-        bound = query_max = None
-    else:
-        query_max = torch.empty(B, Q, M, device=value.device, dtype=torch.float64
-                                if go.dtype == torch.float64 else torch.float32)
-        bound = grad_value_bound(go, attention_weights, query_max)
-        offsets, records = bucket_records(value, spatial_shapes, sampling_locations,
-                                          attention_weights, sort, acc_dtype)
-        cells, lo, hi, strides = sort.cells, offsets, offsets[1:], (sort.cells, 1)
+    fixed = buckets.bound is not None
     grad_value = torch.empty(value.shape, device=value.device, dtype=value.dtype)
-    # A bucket holds at most a head's Q * L * K samples: BLOCK_E needs no more.
-    tile = _tile("gather", value, Q * L * K, B * S * M)
+    # A bucket holds at most a head's samples: BLOCK_E needs no more.
+    tile = _tile("gather", value, samples, B * S * M)
     with _device_guard(value):
         grad_value_gather_kernel[_grid(value, S, tile["BLOCK_Q"])](
-            go, spatial_shapes, level_start_index, bound, query_max, lo, hi, records,
-            grad_value, Q, S, cells, *strides, D, *go.stride(), *grad_value.stride()[:3],
-            L=L, BLOCK_S=tile["BLOCK_Q"], BLOCK_E=tile["BLOCK_P"],
-            BLOCK_D=tile["BLOCK_D"], ACC=acc_dtype, FIXED=sort is not None,
+            go, spatial_shapes, level_start_index, buckets.bound, buckets.query_max, buckets.lo,
+            buckets.hi, buckets.records, grad_value, Q, S, buckets.cells, *buckets.strides, D,
+            *go.stride(), *grad_value.stride()[:3],
+            L=spatial_shapes.shape[0], BLOCK_S=tile["BLOCK_Q"], BLOCK_E=tile["BLOCK_P"],
+            BLOCK_D=tile["BLOCK_D"], ACC=acc_dtype, FIXED=fixed,
             FP32_TERMS=value.element_size() == 2 and acc_dtype is tl.float32,
-            PAIRS=(sort is None and acc_dtype is tl.float32 and go.dtype == value.dtype
+            PAIRS=(not fixed and acc_dtype is tl.float32 and go.dtype == value.dtype
                    and _half_words(go) and _half_words(grad_value) and Q * go.stride(1) < 2**31),
             num_warps=tile["num_warps"])
     return grad_value
+
+
+def _sort_buffers(det_sort: str | None, value, sampling_locations,
+                  acc_dtype) -> SortBuffers | KeyBuffers | None:
+    """What msda_bwd_kernel fills for the deterministic backward's sort:
+    the counting sort's ranks or the stable sort's keys and records."""
+    if det_sort == "counting":
+        return sort_buffers(value, sampling_locations)
+    return None if det_sort is None else key_buffers(value, sampling_locations, acc_dtype)
+
+
+def _sort_args(sort: SortBuffers | KeyBuffers | None) -> tuple:
+    """msda_bwd_kernel's ranks_ptr, counts_ptr, keys_ptr, records_ptr, CELLS
+    and KEY_BIAS for ``sort`` (_sort_buffers)."""
+    if isinstance(sort, SortBuffers):
+        return sort.ranks, sort.counts, None, None, sort.cells, None
+    if isinstance(sort, KeyBuffers):
+        return None, None, sort.keys, sort.records, sort.cells, sort.bias
+    return (None,) * 6
 
 
 class BackwardPlan(NamedTuple):
@@ -539,8 +585,7 @@ def run_backward(plan: BackwardPlan, grad_output, value, spatial_shapes, level_s
     gob, goq, goc = grad_output.stride()
     go_strides = (gob, goq, sizes[2] * goc, goc)
     grad_value, pdl, gv_strides = None, False, (0, 0, 0)
-    sort = sort_buffers(value, sampling_locations) if det_sort == "counting" else None
-    ranks, counts, cells = (None,) * 3 if sort is None else (sort.ranks, sort.counts, sort.cells)
+    sort = _sort_buffers(det_sort, value, sampling_locations, meta["ACC"])
     if accum is not None:
         grad_value = torch.empty(value.shape, device=value.device, dtype=accum)
         gv_strides = grad_value.stride()[:3]
@@ -552,14 +597,18 @@ def run_backward(plan: BackwardPlan, grad_output, value, spatial_shapes, level_s
     with _device_guard(value):
         msda_bwd_kernel[grid](
             grad_output, value, spatial_shapes, level_start_index, sampling_locations,
-            attention_weights, grad_value, grad_loc, g_attn, grad_logit, ranks, counts, *sizes,
-            cells, *go_strides, *strides, *gv_strides, *grad_loc.stride(), *g_attn.stride(),
+            attention_weights, grad_value, grad_loc, g_attn, grad_logit, *_sort_args(sort),
+            *sizes, *go_strides, *strides, *gv_strides, *grad_loc.stride(), *g_attn.stride(),
             PDL=pdl, launch_pdl=pdl, **meta,
         )
     if accum is None:
-        grad_value = _deterministic_grad_value(
-            grad_output.unflatten(-1, (M, sizes[2])), value, spatial_shapes, level_start_index,
-            sampling_locations, attention_weights, sort, meta["ACC"])
+        go = grad_output.unflatten(-1, (M, sizes[2]))
+        buckets = _buckets(go, value, spatial_shapes, sampling_locations, attention_weights, sort,
+                           meta["ACC"])
+        del sort  # the stable sort's keys and records in sample order: freed before the gather
+        grad_value = _deterministic_grad_value(go, value, spatial_shapes, level_start_index,
+                                               buckets, sizes[0] * meta["L"] * meta["K"],
+                                               sizes[0], meta["ACC"])
     elif accum != value.dtype:
         grad_value = grad_value.to(value.dtype)
     return grad_value, grad_loc, grad_attn

@@ -3,48 +3,21 @@ more (launch.deterministic_sort): the buckets of bucket_kernels.py with their
 entries in sample order, so that grad_value_gather_kernel can sum them in
 float, in that order, in one pass.
 
-sample_keys_kernel stores each sample's cell in its head (its key: 16 bits
-where the cells allow, so that the radix sort makes two passes, not four), a
-stable radix sort (torch.sort) orders the samples by cell and then by slot,
-whose order is head by head: by (cell, head, slot), each bucket (head, cell)
-contiguous.  sorted_fill_kernel finds where each bucket starts and ends in
-that order and moves each entry's record
-(bucket_kernels._record_words), which the keys kernel wrote in sample order
-where it read the locations and weights in order, there.
+msda_bwd_kernel stores each sample's cell in its head (its key: 16 bits
+where the cells allow, so that the radix sort makes two passes, not four)
+and its record (cells._record_words) at its slot, where it reads the
+sample's location and weight (cells._key_samples); a stable radix sort
+(torch.sort) orders the samples by cell and then by slot, whose order is
+head by head: by (cell, head, slot), each bucket (head, cell) contiguous.
+sorted_fill_kernel finds where each bucket starts and ends in that order
+and moves each entry's record there.
 Nothing depends on the order in which programs run: the same entries in the
 same order every run.
 """
 import triton
 import triton.language as tl
 
-from .bucket_kernels import _record_ptrs, _sample_records
-from .kernels import _chunk_points, _program_queries
-
-
-@triton.jit
-def sample_keys_kernel(shapes_ptr, loc_ptr, attn_ptr, keys_ptr, records_ptr, Q, CELLS, KEY_BIAS,
-                       stride_lb, stride_lq, stride_lm, stride_ll, stride_lk, stride_lc,
-                       stride_ab, stride_aq, stride_am, stride_al, stride_ak,
-                       L: tl.constexpr, K: tl.constexpr, BLOCK_Q: tl.constexpr,
-                       BLOCK_P: tl.constexpr, ACC: tl.constexpr):
-    """Each sample's cell in its head (cells._sample_bucket) plus KEY_BIAS
-    at its slot (cells._sample_slot) of keys, CELLS + KEY_BIAS, past every
-    cell, where it is not live; and a live sample's record
-    (bucket_kernels._record_words) at its slot of records, where the
-    locations and weights are read in order.  Grid: (cdiv(Q, BLOCK_Q), M, B)."""
-    b, m, q, qmask = _program_queries(Q, BLOCK_Q)
-    head = (b.to(tl.int64) * tl.num_programs(1) + m) * CELLS
-    for p0 in range(0, L * K, BLOCK_P):
-        live, bucket, slot, words = _sample_records(
-            p0, b, m, q, qmask, Q, CELLS, shapes_ptr, loc_ptr, attn_ptr,
-            stride_lb, stride_lq, stride_lm, stride_ll, stride_lk, stride_lc,
-            stride_ab, stride_aq, stride_am, stride_al, stride_ak, L, K, BLOCK_P, ACC,
-            records_ptr.dtype.element_ty)
-        _, _, pmask = _chunk_points(p0, L, K, BLOCK_P)
-        key = tl.where(live, bucket - head, CELLS) + KEY_BIAS
-        tl.store(keys_ptr + slot, key.to(keys_ptr.dtype.element_ty),
-                 mask=qmask[:, None] & pmask[None, :])
-        tl.store(_record_ptrs(records_ptr, slot), words, mask=live[:, :, None])
+from .cells import _record_ptrs
 
 
 @triton.jit

@@ -106,10 +106,10 @@ def test_deterministic_backward_adds_no_grad_value(all_rows):
 
 def test_deterministic_grad_value_kernels_add_in_registers(tmp_path):
     # The bucketed gather: one native 64-bit atomic max a program on the
-    # bound's bits (no CAS loop), none in the fills, the stable sort's keys
-    # and either gather, which sums its terms in registers; no
-    # spills at D = 32 and 64.
-    kernels = ("bound", "bucket_fill", "gather", "keys", "sorted_fill", "stable_gather")
+    # bound's bits (no CAS loop), none in the fills, in msda_bwd_kernel with
+    # the stable sort's keys and records, and in either gather, which sums
+    # its terms in registers; no spills at D = 32 and 64.
+    kernels = ("bound", "bucket_fill", "gather", "stable_bwd", "sorted_fill", "stable_gather")
     rows = _compile_check(tmp_path / "rows.json", "--archs", "80", "90", "--head-dims", "32",
                           "64", kernels=kernels, dtypes=("bf16", "fp32"))
     assert {(r["kernel"], r["arch"], r["head_dim"]) for r in rows} == {

@@ -7,7 +7,6 @@ reference (fixed_point_reference.py) whatever the gather kernel's tile."""
 import numpy as np
 import pytest
 import torch
-import triton.language as tl
 
 from msda_mm.ops import launch
 
@@ -100,19 +99,21 @@ def _lexsort(keys, fields):
     return torch.from_numpy(np.lexsort([*fields.double().numpy()[::-1], keys.numpy()]))
 
 
-def _sorted_samples(monkeypatch, args):
-    """The deterministic backward's counting sort of args' samples: cells
-    a head and bucket_records' (offsets, records), kept as the backward
-    makes them (msda_bwd_kernel's ranks, then the fill)."""
-    kept = []
+def _sorted_samples(monkeypatch, args, sort="counting"):
+    """The deterministic backward's ``sort`` of args' samples: cells a head
+    and bucket_records' (offsets, records) for the counting sort (from
+    msda_bwd_kernel's ranks), stable_bucket_records' (bounds, records) for
+    the stable sort (from its keys), kept as the backward makes them."""
+    name = {"counting": "bucket_records", "stable": "stable_bucket_records"}[sort]
+    bucketed, kept = getattr(launch, name), []
 
     def keep(*a):
-        kept.append((a[4].cells, *bucket_records(*a)))
+        cells = next(x.cells for x in a if hasattr(x, "cells"))  # SortBuffers, KeyBuffers
+        kept.append((cells, *bucketed(*a)))
         return kept[-1][1:]
 
-    bucket_records = launch.bucket_records
-    monkeypatch.setattr(launch, "bucket_records", keep)
-    with launch.tile_override(sort="counting"):
+    monkeypatch.setattr(launch, name, keep)
+    with launch.tile_override(sort=sort):
         run_op(args, deterministic=True)
     assert len(kept) == 1
     return kept[0]
@@ -160,16 +161,14 @@ def test_bucket_counts_are_the_histogram_of_the_cells(monkeypatch):
 
 @pytest.mark.parametrize("shapes, key_dtype", [(SHAPES, torch.int16),
                                                (((128, 256), (2, 3)), torch.int32)])
-def test_stable_sort_holds_each_cells_samples_in_sample_order(shapes, key_dtype):
+def test_stable_sort_holds_each_cells_samples_in_sample_order(monkeypatch, shapes, key_dtype):
     # As a PyTorch stable sort of the live samples by (cell, head) gives them:
     # the same records in the same order, each bucket's entries between its
     # bounds (empty ones (0, 0)); with 16-bit keys and, past 2**16 - 1 cells a
     # head (2 S + 2 L), 32-bit.
     args = _inputs(torch.float32, seed=4, Q=9, shapes=shapes)
     args["sampling_locations"][1, 2, 1, 1, 0] = float("nan")  # never live: in no bucket
-    cells, bounds, records = launch.stable_bucket_records(
-        args["value"], args["spatial_shapes"], args["sampling_locations"],
-        args["attention_weights"], tl.float32)
+    cells, bounds, records = _sorted_samples(monkeypatch, args, "stable")
     assert launch._key_dtype(cells)[0] == key_dtype
     keys, weights, _ = _samples(args, cells)
     B, Q, M = args["attention_weights"].shape[:3]
