@@ -35,9 +35,11 @@ def interpreter_enabled() -> bool:
 _TILES = {("fwd", 4): (2, 1, 16), ("fwd", 2): (2, 1, 16),
           ("bwd", 4): (1, 1, 8), ("bwd", 2): (1, 1, 16),
           # msda_bwd_kernel without grad_value (the deterministic backward): encoder
-          # 212.1 us in bf16 against 289.9 at (1, 1, 8), fp32 317.1 against 387.0; decoders
-          # take 1 query a program (_FEW_ROWS: bf16 dino_decoder 29.7 against 34.5).
+          # 212.1 us in bf16 against 289.9 at (1, 1, 8), fp32 317.1 against 387.0; below
+          # _FEW_ROWS rows ("bwd_few"), the decoders, 1 query: fp32 dino_decoder 199.4 us
+          # (whole backward) against 210.3 at (1, 1, 8), bf16 175.0 against 175.4 at (4, 1, 16).
           ("bwd_det", 4): (4, 1, 8), ("bwd_det", 2): (4, 1, 16),
+          ("bwd_few", 4): (1, 1, 16), ("bwd_few", 2): (1, 1, 16),
           # grad_value_gather_kernel's (BLOCK_S rows, num_warps, BLOCK_E entries a step) for
           # dense rows (_GATHER_SPARSE), the stable sort's float pass: the best of 5 on the
           # encoder in fp32 (1163.3 us against 1167.1 at (8, 2, 16)), in bf16 992.2 against
@@ -51,9 +53,9 @@ _GATHER_SPARSE = (8, (32, 1, 1))
 # (deterministic_sort): bf16 decoder 103.0 us against the stable sort's 121.7; dino_decoder
 # 198.7 against 186.2 (bf16) and 254.7 against 204.1 (fp32).
 _STABLE_SORT_ENTRIES = 2
-# Below this many (batch, query, head) rows a 16-bit (and fp64) forward and the
-# deterministic backward's msda_bwd_kernel take 1 query a program: bf16 decoder forward
-# 15.6 us against 16.5 with 2 (fp32 keeps 2; docs/design.md).
+# Below this many (batch, query, head) rows a 16-bit (and fp64) forward takes 1 query a
+# program: bf16 decoder 15.6 us against 16.5 with 2 (fp32 keeps 2; docs/design.md); and the
+# deterministic backward's msda_bwd_kernel its "bwd_few" tile.
 _FEW_ROWS = 1 << 16
 # msda_fwd_pairs_kernel's queries per one-warp program at D = 32 (wider heads: _pairs_tile):
 # bf16 encoder 170.9 us against 173.2 (16 x 2) and 173.0 (32 x 4) (docs/design.md).
@@ -118,16 +120,17 @@ def _tile(kernel: str, value: torch.Tensor, points: int, rows: int,
     ``rows`` = B * Q * M (query, head) pairs; the tuned tile is that of
     value's element size, or of ``element_size`` where given.  The gather
     takes ``points`` = Q * L * K samples a head and ``rows`` = B * S * M;
-    "bwd_det" is msda_bwd_kernel without grad_value (tile_override's ``bwd``)."""
-    few_rows = rows < _FEW_ROWS and (
-        kernel == "bwd_det" or (kernel == "fwd" and value.dtype != torch.float32))
+    "bwd_det" is msda_bwd_kernel without grad_value (tile_override's ``bwd``
+    overrides either)."""
+    if kernel == "bwd_det" and rows < _FEW_ROWS:
+        kernel = "bwd_few"
     tile = _TILES[kernel, min(element_size or value.element_size(), 4)]
-    kernel = kernel.removesuffix("_det")
+    kernel = "bwd" if kernel.startswith("bwd") else kernel
     block_q, num_warps, *block_p = _tile_override.get(kernel, tile)
     if kernel not in _tile_override:
         if kernel == "gather" and _sparse_rows(value, points):
             block_q, num_warps, *block_p = _GATHER_SPARSE[1]
-        if few_rows:
+        if kernel == "fwd" and rows < _FEW_ROWS and value.dtype != torch.float32:
             block_q = 1
     block_p = min(_next_pow2(points), *block_p or [16])
     block_d = _next_pow2(value.shape[-1])
