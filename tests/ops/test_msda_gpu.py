@@ -116,11 +116,12 @@ def test_repeat_launches_skip_the_binding_and_give_the_same_results(monkeypatch,
     assert shifted.data_ptr() % 16
     # Another specialisation is another compiled kernel (narrower loads, its
     # own FMA contraction): on the H200 the fp32 outputs differed in the last
-    # bit (2.4e-7), so fp32 gets its default tolerance; the
-    # 16-bit outputs (rounded to 8 or 11 bits) matched exactly.
-    exact = {} if dtype == torch.float32 else dict(rtol=0, atol=0)
+    # bit (2.4e-7), so fp32 gets its default tolerance, and for some random
+    # inputs one bf16 output in 10240 by one unit in the last place (0.0039
+    # at 0.78), so bf16 gets one: 2**-7 of the value.
+    tol = {} if dtype == torch.float32 else dict(rtol=2**-7, atol=0)
     torch.testing.assert_close(launch.msda_forward(shifted, *rest),
-                               launch.msda_forward(args["value"], *rest), **exact)
+                               launch.msda_forward(args["value"], *rest), **tol)
     assert counters[0].launches == 2
 
 
