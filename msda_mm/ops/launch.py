@@ -392,7 +392,7 @@ def _key_dtype(cells: int) -> tuple[torch.dtype, int]:
 class KeyBuffers(NamedTuple):
     """The stable sort's input (sorted_buckets.py), msda_bwd_kernel's to
     fill: each sample's key (its cell in its head plus ``bias``) and its
-    record (bucket_kernels._record_words), both at its slot."""
+    record (cells._record_words), both at its slot."""
     cells: int
     bias: int
     keys: torch.Tensor  # (B * M * Q * L*K,)
