@@ -7,8 +7,10 @@ the source tree without benchmarks/."""
 import os
 import subprocess
 import sys
+import sysconfig
 import tarfile
 import zipfile
+from pathlib import Path
 
 import pytest
 
@@ -45,20 +47,35 @@ def dist(tmp_path_factory):
     # installed already; an isolated build would download it each time.
     _sh(sys.executable, "-m", "build", "--no-isolation", "--outdir", out, ROOT)
     (sdist,), (wheel,) = out.glob("*.tar.gz"), out.glob("*.whl")
-    return sdist, wheel
+    return {"sdist": sdist, "wheel": wheel}
+
+
+def _venv_beside_this_one(venv: Path) -> Path:
+    """A fresh venv whose own site-packages come first, then this
+    interpreter's (torch, mmdet, setuptools, pip: whatever runs the tests,
+    a user's venv or a system Python).  ``--system-site-packages`` would
+    expose the base interpreter's instead, which inside a venv lacks them."""
+    _sh(sys.executable, "-m", "venv", "--without-pip", venv)
+    python = venv / "bin" / "python"
+    site = _sh(python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])")
+    ours = dict.fromkeys(sysconfig.get_paths()[k] for k in ("purelib", "platlib"))
+    # A .pth line appends its folder to sys.path without running that folder's
+    # own .pth files: a development install of msda_mm there stays invisible.
+    (Path(site.stdout.strip()) / "outer_site_packages.pth").write_text("\n".join(ours) + "\n")
+    return python
 
 
 def test_the_wheel_holds_the_package_only(dist):
-    names = zipfile.ZipFile(dist[1]).namelist()
+    names = zipfile.ZipFile(dist["wheel"]).namelist()
     assert "msda_mm/ops/kernels.py" in names and "msda_mm/mmdet_tools.py" in names
     info = f"msda_mm-{msda_mm.__version__}.dist-info"
     assert {n.split("/")[0] for n in names} == {"msda_mm", info}
-    entry_points = zipfile.ZipFile(dist[1]).read(f"{info}/entry_points.txt")
+    entry_points = zipfile.ZipFile(dist["wheel"]).read(f"{info}/entry_points.txt")
     assert b"msda-mm-train = msda_mm.mmdet_tools:run_train" in entry_points
 
 
 def test_the_sdist_holds_the_source_tree_but_benchmarks(dist):
-    with tarfile.open(dist[0]) as sdist:
+    with tarfile.open(dist["sdist"]) as sdist:
         names = {n.split("/", 1)[1] for n in sdist.getnames() if "/" in n}
     assert {"pyproject.toml", "conftest.py", "msda_mm/ops/kernels.py", "tests/ops/msda_inputs.py",
             "research/codegen.py", "configs/synthetic/dino_tiny_cpu.py",
@@ -69,11 +86,10 @@ def test_the_sdist_holds_the_source_tree_but_benchmarks(dist):
 @pytest.mark.parametrize("kind", ["wheel", "sdist"])
 def test_it_installs_into_a_fresh_venv_and_runs(dist, kind, tmp_path):
     venv = tmp_path / "venv"
-    # torch, mmdet and the rest come from the system's site-packages.
-    _sh(sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", venv)
-    python = venv / "bin" / "python"
+    python = _venv_beside_this_one(venv)
+    # The sdist builds with this interpreter's setuptools (pyproject's range).
     _sh(python, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
-        "--ignore-installed", dist[kind == "sdist"])
+        "--ignore-installed", dist[kind])
     # Outside the checkout, which must not be importable.
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     done = _sh(python, "-c", SMOKE, cwd=tmp_path, env=env)
