@@ -182,3 +182,44 @@ def test_missing_images_are_counted_when_the_dataset_loads(tree, tmp_path):
                        match=r"2 of the 6 images listed in .*instances_train.json are missing, "
                              r"the first \[.*000001.png', .*000004.png'\]: delete"):
         _build_train_set(root)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--num-train", "-1"], "num_train must be a whole number of images >= 0, got -1"),
+    (["--num-val", "-3"], "num_val must be a whole number of images >= 0, got -3"),
+    (["--size", "16", "16"], r"at least 32 x 32, got \(16, 16\)"),
+])
+def test_bad_arguments_are_refused_before_anything_is_written(tmp_path, capsys, args, message):
+    out = tmp_path / "new"
+    with pytest.raises(SystemExit):
+        cli_main(["--out", str(out), *CLI_ARGS, *args])
+    assert re.search(message, capsys.readouterr().err)
+    assert not out.exists()
+
+
+def test_a_file_in_the_way_is_named(tmp_path, capsys):
+    afile = tmp_path / "afile"
+    afile.write_text("mine")
+    for out, message in ((afile, "is a file, not a folder"),
+                         (afile / "sub", "cannot make the synthetic data folder")):
+        with pytest.raises(SystemExit):
+            cli_main(["--out", str(out), *CLI_ARGS])
+        err = capsys.readouterr().err
+        assert str(out) in err and message in err, err
+    assert afile.read_text() == "mine"
+
+
+def test_a_folder_it_may_not_write_is_named(tmp_path, monkeypatch):
+    # Root ignores permission bits, so the refusal is the file system's stand-in.
+    def refuse(*args, **kwargs):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(Path, "mkdir", refuse)
+    with pytest.raises(ValueError, match=f"cannot make the synthetic data folder {tmp_path}/new: "
+                                         "Permission denied"):
+        ensure_generated(tmp_path / "new", seed=0, **SMALL)
+    monkeypatch.undo()
+    monkeypatch.setattr("builtins.open", refuse)
+    with pytest.raises(ValueError, match=f"cannot write into the synthetic data folder "
+                                         f"{tmp_path}: Permission denied"):
+        ensure_generated(tmp_path, seed=0, **SMALL)

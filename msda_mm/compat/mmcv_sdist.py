@@ -16,6 +16,7 @@ import sys
 import tarfile
 import tempfile
 import urllib.request
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -94,8 +95,11 @@ def extract_sources(sdist) -> MmcvSources:
                                  f"multi-scale deformable attention: it lacks "
                                  f"{', '.join(missing)}")
             raw = {rel: tar.extractfile(members[name]).read() for rel, name in wanted.items()}
-    except tarfile.TarError as e:
-        raise SdistError(f"sdist: {path} is not a readable tar archive ({e})") from None
+    # A truncated .tar.gz ends its gzip stream early (EOFError); corrupt
+    # deflate data fails in zlib.
+    except (tarfile.TarError, EOFError, zlib.error) as e:
+        raise SdistError(f"sdist: {path} is not a readable tar archive "
+                         f"({type(e).__name__}: {e}): truncated or damaged?") from None
     return MmcvSources(version=_version(raw.pop(_PKG_INFO)),
                        sha256=hashlib.sha256(path.read_bytes()).hexdigest(),
                        files={rel: patch(rel, text) for rel, text in raw.items()})

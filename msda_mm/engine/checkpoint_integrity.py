@@ -56,8 +56,13 @@ def checkpoint_problem(path: str) -> str | None:
     if os.path.getsize(path) == 0:
         return "empty file (0 bytes)"
     if os.path.isfile(digest_path(path)):
-        with open(digest_path(path)) as f:
-            expected = (f.read().split() or ["nothing"])[0]
+        with open(digest_path(path), "rb") as f:
+            line = f.read()
+        try:
+            expected = (line.decode("ascii").split() or ["nothing"])[0]
+        except UnicodeDecodeError:
+            return (f"{digest_path(path)} is not a sha256sum line (it holds non-ASCII bytes): "
+                    f"damaged?")
         actual = _file_sha256(path)
         if actual != expected:
             return f"its sha256 {actual} is not the {expected} in {digest_path(path)}"

@@ -167,6 +167,12 @@ class TritonMSDeformAttn(MultiScaleDeformableAttention):
             query = query + query_pos
         if not self.batch_first:
             query, value = query.transpose(0, 1), value.transpose(0, 1)
+        if query.shape[:2] != reference_points.shape[:2]:
+            layout = "(B, Q, C)" if self.batch_first else "(Q, B, C)"
+            raise ValueError(
+                f"TritonMSDeformAttn(batch_first={self.batch_first}) takes query as {layout}, "
+                f"which gives (B, Q) = {tuple(query.shape[:2])}, but reference_points "
+                f"(B, Q, L, 2|4) has {tuple(reference_points.shape[:2])}")
 
         value = self._project_value(value, key_padding_mask)
         projected_dtype = value.dtype

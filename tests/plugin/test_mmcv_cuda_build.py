@@ -62,6 +62,15 @@ def test_a_missing_or_broken_file_says_so(tmp_path):
     junk.write_bytes(b"not a tarball")
     with pytest.raises(SdistError, match="is not a readable tar archive"):
         extract_sources(junk)
+    (tmp_path / "whole").mkdir()
+    whole = fake_sdist(tmp_path / "whole").read_bytes()
+    for name, data in (("truncated", whole[:len(whole) // 2]),
+                       ("damaged", whole[:40] + bytes(64) + whole[104:])):
+        cut = tmp_path / name / "mmcv-2.1.0.tar.gz"
+        cut.parent.mkdir()
+        cut.write_bytes(data)
+        with pytest.raises(SdistError, match=f"{cut} is not a readable tar archive"):
+            extract_sources(cut)
 
 
 def test_another_thc_include_is_refused(tmp_path):

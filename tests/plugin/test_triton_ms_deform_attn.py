@@ -188,6 +188,15 @@ def test_bad_reference_points_raise():
         attn(**{**inputs, "reference_points": None})
 
 
+@pytest.mark.parametrize("batch_first", [True, False], ids=["batch_first", "seq_first"])
+def test_tensors_in_the_other_layout_raise_naming_batch_first(batch_first):
+    attn = TritonMSDeformAttn(**{**ARGS, "batch_first": batch_first})
+    inputs = attention_inputs(batch_first=not batch_first, B=2, Q=5)
+    with pytest.raises(ValueError, match=rf"batch_first={batch_first}\) takes query as .*"
+                                         r"\(B, Q\) = \(5, 2\).* has \(2, 5\)"):
+        attn(**inputs)
+
+
 @pytest.fixture
 def op_calls(monkeypatch):
     """Record the dtypes of each call the module makes to msda_mm's op."""

@@ -72,6 +72,14 @@ def test_truncated_empty_and_bit_flipped_files_are_named_damaged(tmp_path, diges
         assert "fails its CRC-32 check" in checkpoint_problem(flipped)
 
 
+def test_a_digest_file_that_is_not_text_is_named(tmp_path):
+    path = _put(tmp_path / "a.pth")
+    with open(digest_path(path), "wb") as f:
+        f.write(b"\xff\xfe\x80 not sha256sum's line\n")
+    problem = checkpoint_problem(path)
+    assert digest_path(path) in problem and "non-ASCII bytes" in problem
+
+
 def test_files_that_record_nothing_to_check_pass(tmp_path):
     legacy = _saved(tmp_path / "legacy.pth", _use_new_zipfile_serialization=False)
     assert checkpoint_problem(legacy) is None

@@ -130,6 +130,32 @@ def _read_marker(out: Path) -> dict | None:
                          f"again to regenerate the synthetic data") from error
 
 
+def check_arguments(num_train: int, num_val: int, size: Sequence[int]) -> tuple[int, int]:
+    """ValueError naming the argument unless the image counts are >= 0 and
+    the images at least 32 x 32; returns ``size`` as (H, W) ints."""
+    for name, count in (("num_train", num_train), ("num_val", num_val)):
+        if int(count) != count or count < 0:
+            raise ValueError(f"{name} must be a whole number of images >= 0, got {count!r}")
+    size = (int(size[0]), int(size[1]))
+    if min(size) < 32:
+        # Below that the size range of the shapes is empty (and mmdet's
+        # default filter drops images under 32 pixels anyway).
+        raise ValueError(f"synthetic images must be at least 32 x 32, got {size}")
+    return size
+
+
+def _make_folder(out: Path) -> None:
+    """``out`` and its parents, or ValueError saying why not (a file in the
+    way, no permission, a read-only file system)."""
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"{out} is a file, not a folder: the synthetic data needs a folder")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise ValueError(f"cannot make the synthetic data folder {out}: "
+                         f"{error.strerror or error}") from error
+
+
 def generate(out: str | os.PathLike, num_train: int, num_val: int, size: Sequence[int],
              seed: int = 0, workers: int | None = None) -> None:
     """Write both splits under ``out`` (empty, missing, or a tree of this
@@ -137,13 +163,9 @@ def generate(out: str | os.PathLike, num_train: int, num_val: int, size: Sequenc
     written last, so a tree without it is incomplete.  No lock: one writer
     at a time (ensure_generated serialises them)."""
     out = Path(out)
-    size = (int(size[0]), int(size[1]))
-    if min(size) < 32:
-        # Below that the size range of the shapes is empty (and mmdet's
-        # default filter drops images under 32 pixels anyway).
-        raise ValueError(f"synthetic images must be at least 32 x 32, got {size}")
+    size = check_arguments(num_train, num_val, size)
     _check_ours(out)
-    out.mkdir(parents=True, exist_ok=True)
+    _make_folder(out)
     (out / CLAIM).touch()
     (out / MARKER).unlink(missing_ok=True)  # before the first file changes
     for split, num in zip(SPLITS, (num_train, num_val), strict=True):
@@ -166,11 +188,16 @@ def ensure_generated(out: str | os.PathLike, num_train: int, num_val: int,
     the config says, or anything not written by this writer.
     """
     out = Path(out)
-    want = marker(num_train, num_val, size, seed)
-    out.mkdir(parents=True, exist_ok=True)
+    want = marker(num_train, num_val, check_arguments(num_train, num_val, size), seed)
+    _make_folder(out)
     lock_path = out / LOCK
     new_lock = not lock_path.exists()
-    with open(lock_path, "a") as lock:
+    try:
+        lock = open(lock_path, "a")
+    except OSError as error:
+        raise ValueError(f"cannot write into the synthetic data folder {out}: "
+                         f"{error.strerror or error}") from error
+    with lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
             _check_ours(out)  # under the lock: no other writer is half way
