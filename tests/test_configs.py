@@ -159,7 +159,7 @@ def test_learned_bn_statistics_are_synced_across_ranks(name):
 def test_synthetic_r50_schedule_warms_the_lr_up_for_200_steps(name):
     # From random weights DINO stalled in about half the runs without it
     # (docs/training.md).  The MultiStepLR stays first:
-    # run_e2e.sh reschedules param_scheduler.0.
+    # tools/run_e2e.py reschedules param_scheduler.0.
     multistep, warmup = _load(name).param_scheduler
     assert (multistep.type, multistep.by_epoch, multistep.milestones) == ("MultiStepLR", True, [5])
     assert (warmup.type, warmup.by_epoch, warmup.begin, warmup.end, warmup.start_factor) == \

@@ -8,7 +8,8 @@ import pytest
 
 from .conftest import ROOT
 
-TOOLS = ["train", "test", "parity", "profile_step", "benchmark", "compare_runs", "build_mmcv_msda"]
+TOOLS = ["train", "test", "parity", "profile_step", "benchmark", "compare_runs", "build_mmcv_msda",
+         "run_e2e", "prepare_data"]
 # What the tool imported by the time --help answered.
 HELP_IMPORTS = """
 import runpy, sys

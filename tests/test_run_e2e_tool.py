@@ -1,26 +1,34 @@
-"""benchmarks/run_e2e.sh, the script behind the committed H200 end-to-end
+"""tools/run_e2e.py, the driver behind the committed H200 end-to-end
 results, in its CPU smoke mode (E2E_SMOKE=1: the tiny config, a few steps):
 every step of the `train` part runs and the results are packed."""
 import os
+import runpy
 import subprocess
+import sys
 import tarfile
+import time
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "benchmarks" / "run_e2e.sh"
+TOOL = ROOT / "tools" / "run_e2e.py"
 
 
-def _run(part, out, gpus="", timeout=600, **env):
-    """run_e2e.sh PART OUT in smoke mode with CUDA_VISIBLE_DEVICES=gpus and
-    the E2E_* settings given (none inherited); the script sets
+def _run(part, out, *options, gpus="", timeout=600, **env):
+    """run_e2e.py PART OUT OPTIONS in smoke mode with CUDA_VISIBLE_DEVICES=gpus
+    and the E2E_* settings given (none inherited); the tool sets
     TRITON_INTERPRET itself."""
     environ = {k: v for k, v in os.environ.items()
                if not k.startswith("E2E_") and k != "TRITON_INTERPRET"}
     environ.update(env, E2E_SMOKE="1", CUDA_VISIBLE_DEVICES=gpus)
-    return subprocess.run(["bash", str(SCRIPT), part, str(out)], env=environ,
+    return subprocess.run([sys.executable, str(TOOL), part, str(out), *options], env=environ,
                           capture_output=True, text=True, timeout=timeout)
+
+
+def _plan():
+    """tools/e2e_plan.py's globals: the variants and schedules."""
+    return runpy.run_path(str(ROOT / "tools" / "e2e_plan.py"))
 
 
 def _steps(summary: str) -> dict[str, str]:
@@ -47,7 +55,8 @@ def test_train_part_runs_every_step_and_packs_results(tmp_path):
 
 
 def test_seeds_part_trains_each_variant_per_seed(tmp_path):
-    run = _run("seeds", tmp_path, E2E_SEEDS="3", E2E_VARIANTS="fp32 bf16_fp32accum")
+    # The command line's options, where the other tests set E2E_*.
+    run = _run("seeds", tmp_path, "--seeds", "3", "--variants", "fp32", "bf16_fp32accum")
     summary = (tmp_path / "seeds.log").read_text()
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     steps = _steps(summary)
@@ -149,14 +158,17 @@ def test_bad_warmup_is_refused(warmup, tmp_path):
     assert not (tmp_path / "amp.log").exists()
 
 
+def test_bad_options_on_the_command_line_are_refused(tmp_path):
+    run = _run("amp", tmp_path, "--warmup", "010", "--variants", "fp32", timeout=60)
+    assert run.returncode == 2 and "--warmup/E2E_WARMUP must be a number of steps" in run.stderr
+    assert not (tmp_path / "amp.log").exists()
+
+
 def test_warmup_configs_copy_the_synthetic_configs_multistep_lr():
     # The derived configs restate param_scheduler[0]; it must stay the one
     # the synthetic configs (and the tiny smoke config) have.
-    import re
-
     from mmengine.config import Config
-    line = re.search(r"dict\(type='MultiStepLR'[^)]*\)", SCRIPT.read_text()).group(0)
-    written = eval(line, {"dict": dict})  # a literal from our own script
+    written = _plan()["MULTISTEP_LR"]
     for name in ("dino_r50_synthetic_bf16.py", "dino_r50_synthetic_fp32.py"):
         base = Config.fromfile(str(ROOT / "configs/synthetic" / name)).param_scheduler[0]
         assert dict(base) == written, name
@@ -195,11 +207,7 @@ def test_every_keep_fp32_variant_names_submodules_of_dino():
 
     from plugin.detr_configs import build_detector
 
-    table = subprocess.run(
-        ["bash", "-c", f'eval "$(sed -n "/^declare -A KEEP_FP32/,/)$/p" {SCRIPT})"; '
-                       'for v in "${!KEEP_FP32[@]}"; do echo "$v=${KEEP_FP32[$v]}"; done'],
-        capture_output=True, text=True, check=True).stdout.split()
-    variants = dict(line.split("=", 1) for line in table)
+    variants = _plan()["KEEP_FP32"]
     assert {"bf16_fp32head", "bf16_fp32transformer", "bf16_fp32cnnhead",
             "bf16_fp32all"} <= set(variants)
     model = build_detector(Config.fromfile(str(ROOT / "configs/synthetic/dino_tiny_cpu.py")).model)
@@ -211,3 +219,32 @@ def test_every_keep_fp32_variant_names_submodules_of_dino():
     # only normalises and pads (elementwise ops, which autocast leaves fp32).
     assert set(variants["bf16_fp32all"].split(",")) == {
         name for name, _ in model.named_children() if name != "data_preprocessor"}
+
+
+def _running(stat: Path) -> bool:
+    """The process of /proc/PID/stat neither gone nor dead (a zombie its new
+    parent has not reaped yet)."""
+    try:
+        return stat.read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_a_step_is_stopped_with_its_children_at_its_deadline(tmp_path):
+    steps_module = runpy.run_path(str(ROOT / "tools" / "e2e_steps.py"))
+    summary = steps_module["Summary"](tmp_path / "part.log")
+    deadline = time.monotonic() + steps_module["MIN_STEP_S"] + 1
+    steps = steps_module["Steps"](tmp_path, summary, deadline, dict(os.environ))
+    child = tmp_path / "child.pid"
+    # The sleep is not the step's own process: the whole group must go.
+    rc = steps.run("slow", 0, ["bash", "-c", f"sleep 300 & echo $! > {child}; wait"])
+    assert rc == 124
+    stat = Path(f"/proc/{int(child.read_text())}/stat")
+    waited = time.monotonic() + 5  # for its exit: the signal is sent, not yet acted on
+    while _running(stat) and time.monotonic() < waited:
+        time.sleep(0.05)
+    assert not _running(stat)
+    assert steps.run("late", 0, ["true"]) is None
+    lines = summary.path.read_text().splitlines()
+    assert lines[0].startswith("slow") and " rc=124 " in lines[0]
+    assert lines[1].startswith("late") and " skipped (" in lines[1]
