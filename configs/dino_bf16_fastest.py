@@ -1,10 +1,9 @@
-# The fastest DINO training step msda_mm has: configs/dino_bf16_compiled_losses.py
-# (the head's losses compiled and sync-free) with the sync-free detector and
-# preprocessor of configs/dino_bf16_sync_free.py (no waits on the GPU outside
-# the matching).
-_base_ = './dino_bf16_compiled_losses.py'
+# The fastest DINO training step msda_mm has: every piece of
+# configs/_recipe.py's fast step (dino_bf16_compiled_losses.py's compiled
+# losses with dino_bf16_sync_free.py's sync-free detector and preprocessor).
+_base_ = './dino_bf16.py'
 
-model = dict(type='SyncFreeDINO', data_preprocessor=dict(type='SyncFreeDetDataPreprocessor'))
-# The loader pins the images in its own thread; the preprocessor then copies
-# them without a wait and without packing their bytes once more.
-train_dataloader = dict(pin_memory=True)
+model = {{_base_.fastest_model}}
+optim_wrapper = {{_base_.fast_optim_wrapper}}
+custom_hooks = [{{_base_.compile_layers_hook}}]
+train_dataloader = {{_base_.pinned_loader}}

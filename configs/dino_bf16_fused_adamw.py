@@ -1,9 +1,5 @@
-# dino_bf16.py with PyTorch's fused AdamW: the whole update in a few
-# multi-tensor kernels instead of the per-parameter host work of the default
-# (foreach) AdamW.  Same update rule; opt-in because mmdet's configs use the
-# default.  On the H200 (batch 8, 800 x 1333, tools/profile_step.py, one
-# call): 628.8 -> 549.1 ms/iter, AdamW.step host time 123 -> 54 ms a step
-# (benchmarks/e2e/fused_adamw/).
+# dino_bf16.py with PyTorch's fused AdamW (configs/_recipe.py's fused_adamw):
+# the same update rule in a few multi-tensor kernels.
 _base_ = './dino_bf16.py'
 
-optim_wrapper = dict(optimizer=dict(fused=True))
+optim_wrapper = dict(optimizer={{_base_.fused_adamw}})

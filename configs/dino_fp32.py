@@ -1,8 +1,8 @@
 # DINO-4scale R50 on COCO (data/coco/, mmdet's layout), fp32, with msda_mm's
 # Triton op in every multi-scale deformable attention: the fp32 twin of
 # dino_bf16.py, for parity runs.  Everything else is mmdet's config.
-_base_ = 'mmdet::dino/dino-4scale_r50_8xb2-12e_coco.py'
-custom_imports = dict(imports=['msda_mm'], allow_failed_imports=False)
+_base_ = ['mmdet::dino/dino-4scale_r50_8xb2-12e_coco.py', './_recipe.py']
+custom_imports = {{_base_.msda_imports}}
 
 model = dict(
     # Nothing is downloaded at run time, so the backbone starts from random
@@ -10,8 +10,6 @@ model = dict(
     # init_cfg=dict(type='Pretrained', checkpoint='torchvision://resnet50')
     # (downloads once to ~/.cache/torch, or give a local .pth path).
     backbone=dict(init_cfg=None),
-    encoder=dict(layer_cfg=dict(self_attn_cfg=dict(type='TritonMSDeformAttn'))),
-    decoder=dict(layer_cfg=dict(cross_attn_cfg=dict(type='TritonMSDeformAttn'))))
-# Checkpoints saved atomically with a sha256 beside each, checked before
-# loading; --resume falls back to the newest whole one (msda_mm.engine).
-default_hooks = dict(checkpoint=dict(type='VerifiedCheckpointHook'))
+    encoder={{_base_.triton_encoder}},
+    decoder={{_base_.triton_decoder}})
+default_hooks = dict(checkpoint={{_base_.verified_checkpoint}})

@@ -1,7 +1,9 @@
 """Every shipped config builds, uses msda_mm's op in every multi-scale
 deformable attention (but the mmcv CUDA baselines, which keep mmcv's module
-and switch it to mmcv's kernels), needs no download, and each bf16 or fp16
-config differs from its fp32 twin only in the optimizer wrapper."""
+and switch it to mmcv's kernels), needs no download, each bf16 or fp16
+config differs from its fp32 twin only in the optimizer wrapper, and each
+is at most MAX_LEVELS `_base_` steps from the mmdet config it builds on."""
+import ast
 from pathlib import Path
 
 import mmdet
@@ -23,6 +25,11 @@ ALL = sorted(p.relative_to(CONFIGS).as_posix() for p in CONFIGS.rglob("*.py")
 BF16 = [c for c in ALL if c.endswith("_bf16.py")]
 MMCV_CUDA = [c for c in ALL if "mmcv_cuda" in c]
 STOCK_DINO = "dino/dino-4scale_r50_8xb2-12e_coco.py"
+# The fragment every msda_mm config takes its pieces from (configs built on
+# it carry them as top-level variables, which nothing reads).
+RECIPE = "_recipe.py"
+# A reader follows a config to mmdet's through at most this many files.
+MAX_LEVELS = 3
 
 
 def _load(name: str) -> Config:
@@ -79,6 +86,8 @@ def test_mmcv_cuda_baseline_is_mmdets_dino_but_for_downloads_and_checkpoints():
     stock = Config.fromfile(str(Path(mmdet.__file__).parent / ".mim/configs" / STOCK_DINO))
     stock = stock.to_dict()
     ours = _unscoped(_load("dino_mmcv_cuda_fp32.py").to_dict())
+    for name, piece in _load(RECIPE).to_dict().items():
+        assert ours.pop(name) == piece, name
     assert ours.pop("custom_imports")["imports"] == ["msda_mm", "msda_mm.compat.with_mmcv_cuda"]
     assert ours["model"]["backbone"].pop("init_cfg") is None
     stock["model"]["backbone"].pop("init_cfg")
@@ -202,3 +211,43 @@ def test_synthetic_fastest_configs_change_what_the_fastest_recipe_changes(name):
     optim = changes.pop("optim_wrapper")
     assert optim.items() >= recipe.pop("optim_wrapper").items()
     assert changes.items() >= recipe.items()
+
+
+def _bases(config: Path) -> list:
+    """The ``_base_`` entries of ``config``, as mmengine reads them."""
+    for node in ast.parse(config.read_text()).body:
+        if isinstance(node, ast.Assign) and any(
+                isinstance(target, ast.Name) and target.id == "_base_" for target in node.targets):
+            bases = ast.literal_eval(node.value)
+            return [bases] if isinstance(bases, str) else list(bases)
+    return []
+
+
+def _levels_from_mmdet(config: Path):
+    """The most ``_base_`` steps from ``config`` to an ``mmdet::`` config
+    (1: it names one itself); None where no base leads to one (a fragment)."""
+    levels = []
+    for base in _bases(config):
+        below = 0 if "::" in base else _levels_from_mmdet(config.parent / base)
+        if below is not None:
+            levels.append(below + 1)
+    return max(levels, default=None)
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_config_is_at_most_max_levels_from_mmdets(name):
+    levels = _levels_from_mmdet(CONFIGS / name)
+    assert levels is not None and levels <= MAX_LEVELS, (name, levels)
+
+
+def test_the_level_count_refuses_a_4_level_chain(tmp_path):
+    chain = ["a.py", "b.py", "c.py", "d.py", f"mmdet::{STOCK_DINO}"]
+    for config, base in zip(chain, chain[1:]):
+        (tmp_path / config).write_text(f"_base_ = '{base if '::' in base else './' + base}'\n")
+    # A fragment beside a base adds no level; the deepest base counts.
+    (tmp_path / "_pieces.py").write_text("pieces = dict(a=1)\n")
+    (tmp_path / "e.py").write_text("_base_ = ['./c.py', './_pieces.py', './b.py']\n")
+    assert [_levels_from_mmdet(tmp_path / c) for c in ("d.py", "c.py", "b.py", "e.py")] == \
+        [1, 2, 3, 4]
+    assert _levels_from_mmdet(tmp_path / "_pieces.py") is None
+    assert _levels_from_mmdet(tmp_path / "a.py") == 4 > MAX_LEVELS

@@ -1,7 +1,9 @@
-# DINO-4scale R50 on the synthetic shapes data (1000 + 100 images of
-# 512 x 512, written to data/synthetic/ on first use; see
-# msda_mm/datasets/synthetic), fp32: the twin of dino_r50_synthetic_bf16.py.
-_base_ = '../dino_fp32.py'
+# DINO-4scale R50 on the synthetic shapes data (written to data/synthetic/ on
+# first use; see msda_mm/datasets/synthetic), fp32: the twin of
+# dino_r50_synthetic_bf16.py.  msda_mm's op as in configs/dino_fp32.py, on
+# mmdet's config directly: the configs built on this one stay within 3 levels
+# of mmdet's.
+_base_ = ['mmdet::dino/dino-4scale_r50_8xb2-12e_coco.py', '../_recipe.py']
 # msda_mm.datasets registers SyntheticShapesDataset.
 custom_imports = dict(imports=['msda_mm', 'msda_mm.datasets'], allow_failed_imports=False)
 
@@ -14,10 +16,12 @@ dataset = dict(
 
 model = dict(
     num_queries=100,  # at most 6 shapes an image: COCO's 900 only cost time
-    # Trained from scratch (no pretrained weights), so nothing is frozen and
-    # BN learns its statistics.
-    backbone=dict(frozen_stages=-1, norm_cfg=dict(type='BN', requires_grad=True),
-                  norm_eval=False),
+    # Trained from scratch (no download), so nothing is frozen and BN learns
+    # its statistics.
+    backbone=dict(init_cfg=None, frozen_stages=-1,
+                  norm_cfg=dict(type='BN', requires_grad=True), norm_eval=False),
+    encoder={{_base_.triton_encoder}},
+    decoder={{_base_.triton_decoder}},
     bbox_head=dict(num_classes=6),
     test_cfg=dict(max_per_img=100))
 
@@ -52,27 +56,24 @@ test_evaluator = val_evaluator
 # From scratch the backbone learns at the full rate: no paramwise_cfg (COCO's
 # backbone lr_mult=0.1 is for fine-tuning ImageNet weights).
 optim_wrapper = dict(optimizer=dict(lr=2e-4), paramwise_cfg=dict(_delete_=True))
-# 750 iterations, evaluated after 375 and 750.
+# 750 iterations, evaluated halfway and at the end.
 max_epochs = 6
 train_cfg = dict(max_epochs=max_epochs, val_interval=3)
 # A linear LR warmup over the first 200 steps beside the MultiStepLR (mmengine
-# chains the two).  From random weights at lr 2e-4 without it, DINO's loss
-# stalled on a plateau (AP < 1) or left it late in 1 of 5 fp32 and 3 of 4
-# bf16 AMP runs (16 images a step, learning by step 500 or not);
-# with it, all four runs of two seeds learned, bf16 AMP 80.8 / 81.7 AP
-# against fp32 81.4 / 80.2 (benchmarks/e2e/ap_warmup200).
+# chains the two): from random weights without it, DINO's loss often stalled
+# on a plateau in either precision (docs/training.md).
 param_scheduler = [
     dict(type='MultiStepLR', begin=0, end=max_epochs, by_epoch=True, milestones=[5],
          gamma=0.1),
     dict(type='LinearLR', start_factor=0.001, by_epoch=False, begin=0, end=200)
 ]
-default_hooks = dict(checkpoint=dict(interval=3, max_keep_ckpts=2))
+default_hooks = dict(checkpoint=dict(type={{_base_.verified_checkpoint.type}}, interval=3,
+                                     max_keep_ckpts=2))
 # BN learns its statistics here (above), and under DDP each rank keeps its
 # own: average them over the ranks after each epoch, before validation and
-# checkpoint (a no-op on one GPU).  Without it, a 2-GPU run's in-training
-# validation scored each rank's half of the images with that rank's
-# statistics: AP 0.2 / AP50 1.1 where its checkpoint, tested on one GPU or
-# two, gave 0.3 / 1.3 (benchmarks/e2e/ddp).
+# checkpoint (a no-op on one GPU), or a multi-GPU run's in-training
+# validation scores each rank's share of the images with that rank's
+# statistics.
 custom_hooks = [dict(type='SyncBuffersHook')]
 # A fixed seed: runs this short from scratch are at the very start of
 # learning, where seed-to-seed differences swamp any precision effect

@@ -1,6 +1,6 @@
-# The CPU demo: a small DINO (half-width R18, 3 + 3 transformer layers, 50
-# queries) on 128 x 128 synthetic shapes, fp32, trained and evaluated end to
-# end in a few minutes on one CPU thread, ending with the COCO AP table.  The
+# The CPU demo: a small DINO (half-width R18, fewer transformer layers and
+# queries) on small synthetic images, fp32, trained and evaluated end to end
+# in a few minutes on one CPU thread, ending with the COCO AP table.  The
 # data are written to data/synthetic_tiny/ on first use.  On CPU the MSDA
 # modules run msda_mm's PyTorch reference, on a GPU the Triton kernels.
 _base_ = './dino_r50_synthetic_fp32.py'
@@ -42,7 +42,7 @@ default_hooks = dict(logger=dict(interval=10), checkpoint=dict(interval=1, max_k
 auto_scale_lr = dict(base_batch_size=4)
 # A fixed seed and one CPU thread: the AP table is the same from run to run,
 # and on machines that differ only in their core count (the thread count sets
-# the order of float sums: 2 threads gave AP 0.049, 1 thread 0.043); a busy
-# machine does not stall it either (msda_mm/engine/num_threads_hook.py).
+# the order of float sums); a busy machine does not stall it either
+# (msda_mm/engine/num_threads_hook.py).
 randomness = dict(seed=0)
 custom_hooks = [dict(type='SyncBuffersHook'), dict(type='NumThreadsHook', num_threads=1)]

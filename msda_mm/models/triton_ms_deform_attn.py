@@ -76,21 +76,17 @@ class TritonMSDeformAttn(MultiScaleDeformableAttention):
     op's choice of a bitwise-reproducible backward (None: follow
     ``torch.use_deterministic_algorithms``; True: always, grad_value summed
     per value row without atomics; False: float atomics, docs/determinism.md);
-    and fp32_compute:
-    run the op on an fp32 copy of the projected value (its output and
-    grad_value fp32 too; locations and weights are fp32 anyway), as mmcv's
-    ``grid_sample`` path does under autocast, at the fp32 kernels' cost
-    (encoder preset 231 / 866 us against 172 / 558 in bf16).  The output
-    goes back to the projection's dtype before output_proj, which under
-    autocast rounds it there anyway and in a half model takes half.
-    fp32_compute does not make bf16 training more reliable: bf16 DINO
-    trainings from scratch without an LR warmup lagged fp32 at random with the op on bf16 values
-    or in fp32 alike (benchmarks/e2e/ap_no_warmup: AP 3.6 with fp32_compute, seed
-    1; 86.5 on bf16 values, seed 3; fp32 83.7-86.8), as they must if the
-    bf16 and fp32 kernels compute the same on the same values
-    (tests/ops/test_msda_bf16_matches_fp32.py, which holds on the H200 at
-    those shapes).  All three are plain attributes: state_dict and
-    checkpoints are unchanged.
+    and fp32_compute: run the op on an fp32 copy of the projected value (its
+    output and grad_value fp32 too; locations and weights are fp32 anyway),
+    as mmcv's ``grid_sample`` path does under autocast, at the fp32 kernels'
+    cost.  The output goes back to the projection's dtype before
+    output_proj, which under autocast rounds it there anyway and in a half
+    model takes half.  fp32_compute does not make bf16 training more
+    reliable: the bf16 and fp32 kernels compute the same on the same values
+    (tests/ops/test_msda_bf16_matches_fp32.py), and bf16 DINO trainings from
+    scratch without an LR warmup lagged fp32 at random with the op on bf16
+    values or in fp32 alike (docs/training.md).  All three are plain
+    attributes: state_dict and checkpoints are unchanged.
 
     Forward does no host synchronisation: mmcv's check that spatial_shapes
     cover the value sequence (a device-to-host read) is left to the op, which

@@ -12,8 +12,8 @@ from mmengine.registry import DefaultScope
 from mmengine.structures import BaseDataElement
 
 from msda_mm.models import SyncFreeDetDataPreprocessor
-from msda_mm.models.one_copy import pack, unpack
-from msda_mm.models.sync_free_det_data_preprocessor import _plan
+from msda_mm.models.dino.data_preprocessor import plan_move
+from msda_mm.models.dino.one_copy import pack, unpack
 
 # DINO's preprocessing (mmdet's config), boxes kept as HorizontalBoxes.
 CFG = dict(mean=[123.675, 116.28, 103.53], std=[58.395, 57.12, 57.375], bgr_to_rgb=True,
@@ -80,7 +80,7 @@ def test_every_host_tensor_is_moved_and_rebuilt_as_cast_data_moves_it():
     theirs, _ = preprocessors()
     data = batch()
     host = []
-    build = _plan(data, torch.device("meta"), host)
+    build = plan_move(data, torch.device("meta"), host)
     buffer, layout = pack(host, pin=False)
     ours = build(iter(unpack(buffer, layout)))
     assert_same_data(ours, theirs.cast_data(copy.deepcopy(data)))
@@ -101,7 +101,7 @@ def test_pinned_images_are_copied_as_they_are(monkeypatch):
     to = torch.Tensor.to
     monkeypatch.setattr(torch.Tensor, "to", lambda t, *a, **k: copies.append(k) or to(t, *a, **k))
     host = []
-    build = _plan(data, torch.device("meta"), host)
+    build = plan_move(data, torch.device("meta"), host)
     assert len(host) == 3 * 3 and not any(t is x for t in host for x in images)
     moved = build(iter(host))["inputs"]
     assert copies == [dict(non_blocking=True)] * 3

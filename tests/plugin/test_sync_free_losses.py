@@ -8,14 +8,14 @@ from mmdet.models.task_modules.assigners.match_cost import IoUCost
 from mmdet.registry import MODELS
 from mmdet.structures.bbox import bbox_overlaps as mmdet_bbox_overlaps
 
-from msda_mm.models.batched_matching_dino_head import _iou_cost
-from msda_mm.models.losses import (
+from msda_mm.models.dino.losses import (
     SyncFreeFocalLoss,
     SyncFreeGIoULoss,
     SyncFreeL1Loss,
     bbox_overlaps,
     sync_free_twin,
 )
+from msda_mm.models.dino.matching import iou_cost
 
 from .host_waits import count_host_waits
 
@@ -189,7 +189,7 @@ def test_iou_match_cost_is_mmdets(mode, dtype):
 
     cost = IoUCost(iou_mode=mode, weight=2.0)
     pred, gt = boxes(9, torch.float32, 0, pixels=80).to(dtype), boxes(4, torch.float32, 1, 80)
-    ours = _iou_cost(cost, pred, gt)
+    ours = iou_cost(cost, pred, gt)
     theirs = cost(InstanceData(bboxes=pred), InstanceData(bboxes=gt))
     assert ours.dtype == theirs.dtype and torch.equal(ours, theirs)
 

@@ -1,8 +1,8 @@
 """Host tensors moved to a device in one copy that does not wait.
 
 A copy from pageable host memory makes CUDA wait for the stream, once per
-tensor (DINO's data at batch 8: images, GT boxes and labels, 24 waits a
-step).  Here the tensors' bytes are packed into one pinned buffer, copied with
+tensor (DINO's data: each image, its GT boxes and its labels).  Here the
+tensors' bytes are packed into one pinned buffer, copied with
 ``non_blocking=True`` (queued behind the work already on the stream; the
 caching host allocator keeps the pinned block until the copy is done) and
 split on the device into views of that copy.

@@ -2,14 +2,14 @@
 
 mmdet iterates the levels' (H, W) as a device tensor where it needs them as
 numbers: the encoder's reference points and the encoder's output proposals
-read them by ``linspace`` (a scalar read each: 32 waits a step with 4
-levels), and its denoising query generator copies a factor per image and
-counts queries on the device.  Here the levels' sizes are kept as the Python
-ints mmdet reads them from (the feature maps' shapes) for those two, the
-(H, W) tensor still goes to the attention layers, and the denoising queries
-come from ``SyncFreeCdnQueryGenerator``.  Each tensor is computed by mmdet's
-operations on the same numbers (an int and the 0-d tensor holding it give
-the same float32 product), so the outputs and losses are DINO's.
+read them by ``linspace`` (a scalar read each, per level), and its denoising
+query generator copies a factor per image and counts queries on the device.
+Here the levels' sizes are kept as the Python ints mmdet reads them from (the
+feature maps' shapes) for those two, the (H, W) tensor still goes to the
+attention layers, and the denoising queries come from
+``SyncFreeCdnQueryGenerator``.  Each tensor is computed by mmdet's operations
+on the same numbers (an int and the 0-d tensor holding it give the same
+float32 product), so the outputs and losses are DINO's.
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from typing import Dict, Optional, Sequence, Tuple
 import torch
 from torch import Tensor
 
-from .. import compat  # noqa: F401  (first: on mmcv-lite, mmdet.models imports only after it)
+from ... import compat  # noqa: F401  (first: on mmcv-lite, mmdet.models imports only after it)
 
 # isort: split
 from mmdet.models.detectors import DINO
@@ -26,8 +26,8 @@ from mmdet.models.layers import DeformableDetrTransformerEncoder
 from mmdet.registry import MODELS
 from mmdet.structures import OptSampleList
 
+from .cdn_query_generator import SyncFreeCdnQueryGenerator
 from .one_copy import to_device
-from .sync_free_cdn_query_generator import SyncFreeCdnQueryGenerator
 
 LevelSizes = Sequence[Tuple[int, int]]
 

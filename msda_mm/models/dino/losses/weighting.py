@@ -28,11 +28,11 @@ def unless_no_positive_weight(loss: Tensor, pred: Tensor, weight: Optional[Tenso
     """``loss``, or where no weight is positive what mmdet's L1Loss and
     GIoULoss return then, ``(pred * weight).sum()``: both are computed and
     ``torch.where`` picks, so the host never reads ``weight`` (mmdet's
-    ``torch.any(weight > 0)`` in an ``if`` waits on CUDA: 26 times a step for
-    DINO at batch 8).  The value is mmdet's in ``loss``'s dtype, and so is
-    the gradient (``where`` sends it to the picked side alone).  With
-    reduction 'none' the elementwise ``loss`` stays (zero where the weights
-    are): mmdet's scalar there would be a shape chosen by the data."""
+    ``torch.any(weight > 0)`` in an ``if`` waits on CUDA, once a call).  The
+    value is mmdet's in ``loss``'s dtype, and so is the gradient (``where``
+    sends it to the picked side alone).  With reduction 'none' the elementwise
+    ``loss`` stays (zero where the weights are): mmdet's scalar there would be
+    a shape chosen by the data."""
     if weight is None or reduction == "none":
         return loss
     if pred.dim() == weight.dim() + 1:

@@ -1,0 +1,57 @@
+# The pieces msda_mm's configs take in by `{{_base_.NAME}}` (a fragment: a
+# config lists it beside the mmdet config it builds on, and every config
+# built on that one can take the pieces too).  mmengine refuses a key that two
+# bases both set, hence names no mmdet config uses.
+
+# What every msda_mm config sets: msda_mm imported (it registers the op, the
+# modules and hooks below), its Triton op in each multi-scale deformable
+# attention, and checkpoints saved atomically with a sha256 beside each,
+# checked before loading (--resume falls back to the newest whole one).
+msda_imports = dict(imports=['msda_mm'], allow_failed_imports=False)
+triton_encoder = dict(layer_cfg=dict(self_attn_cfg=dict(type='TritonMSDeformAttn')))
+triton_decoder = dict(layer_cfg=dict(cross_attn_cfg=dict(type='TritonMSDeformAttn')))
+verified_checkpoint = dict(type='VerifiedCheckpointHook')
+
+# DINO's fast training step, each piece opt-in (mmdet's configs use its own
+# modules) and each the same computation as mmdet's (tests/plugin/).
+#
+# PyTorch's fused AdamW: the whole update in a few multi-tensor kernels
+# instead of the default (foreach) AdamW's per-parameter host work.
+fused_adamw = dict(fused=True)
+# bf16 AMP with the fused AdamW in merged groups: mmdet's paramwise_cfg
+# (backbone lr_mult=0.1) gives each parameter a group of its own, which the
+# fused AdamW steps one by one; MergedGroupsOptimWrapperConstructor gives
+# the same options in a few groups.
+fast_optim_wrapper = dict(type='AmpOptimWrapper', dtype='bfloat16', optimizer=fused_adamw,
+                          constructor='MergedGroupsOptimWrapperConstructor')
+# The Hungarian matching of the whole batch behind one device-to-host
+# transfer per decoder output, where mmdet's DINOHead waits on the device
+# several times per image; its denoising targets and losses without a wait.
+batched_matching_head = dict(type='BatchedMatchingDINOHead')
+# That head with its losses as one torch.compile graph per output, forward
+# and backward, on the sync-free losses (mmdet's L1Loss and GIoULoss wait on
+# the device each call); mmdet's DINO parameters.  The changing number of
+# denoising queries does not recompile (dynamic shapes).
+compiled_losses_head = dict(
+    batched_matching_head,
+    compile_losses=True,
+    loss_cls=dict(type='SyncFreeFocalLoss'),
+    loss_bbox=dict(type='SyncFreeL1Loss'),
+    loss_iou=dict(type='SyncFreeGIoULoss'))
+# The transformer's layers compiled by torch.compile: the step launches
+# thousands of small kernels, most of them in those layers (norms, residual
+# adds, FFN, sampling-location arithmetic), which compiling fuses.  The
+# first steps compile (minutes).
+compile_layers_hook = dict(type='CompileSubmodulesHook',
+                           modules=['encoder.layers', 'decoder.layers'])
+# No wait on the device outside the matching: SyncFreeDINO reads the levels'
+# sizes as ints and builds its denoising queries without a wait per image;
+# SyncFreeDetDataPreprocessor sends the batch in one non-blocking copy.
+sync_free_model = dict(type='SyncFreeDINO',
+                       data_preprocessor=dict(type='SyncFreeDetDataPreprocessor'),
+                       bbox_head=batched_matching_head)
+# All of it: the sync-free detector with the compiled losses.
+fastest_model = dict(sync_free_model, bbox_head=compiled_losses_head)
+# The loader pins the images in its own thread; the preprocessor then copies
+# them without a wait and without packing their bytes once more.
+pinned_loader = dict(pin_memory=True)
