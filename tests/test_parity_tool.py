@@ -20,8 +20,8 @@ import msda_mm
 from msda_mm.compat import MMCV_LITE, mmcv_cuda_switch
 from msda_mm.compat.mmcv_cuda_build import BuildError, load_extension
 from msda_mm.datasets.synthetic import ann_file
-from msda_mm.e2e import attention
 from msda_mm.models import TritonMSDeformAttn
+from msda_mm.parity import attention
 
 # isort: split
 # After msda_mm, whose mmcv-lite shims make these importable.
@@ -287,7 +287,7 @@ def test_reports_say_what_each_class_runs_as_configured(fake_mmcv_kernels):
 def test_fp32_kernels_are_compared_with_mmcvs(fake_mmcv_kernels):
     # The fake build is msda_mm's reference: the Triton kernels (interpreted)
     # against it, to fp32 rounding of sums of 4 corners x 2 levels x 2 points.
-    from msda_mm.e2e import kernel_check
+    from msda_mm.parity import kernel_check
     g = torch.Generator().manual_seed(0)
     shapes = torch.tensor([[3, 4], [2, 2]])
     args = dict(value=torch.randn(1, 16, 2, 4, generator=g).bfloat16(), spatial_shapes=shapes,
