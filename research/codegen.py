@@ -30,7 +30,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource, make_backend
 from triton.runtime.jit import JITFunction, create_function_from_signature
 
-from msda_mm.bench.presets import PRESETS
+from bench.op.presets import PRESETS
 from msda_mm.ops import launch
 from msda_mm.ops.msda import resolve_fp32_grad_accum
 

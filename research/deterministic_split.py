@@ -31,13 +31,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from msda_mm.bench.cell import reference_fp64  # noqa: E402
-from msda_mm.bench.cli import names, tiles  # noqa: E402
-from msda_mm.bench.inputs import DISTRIBUTIONS, make_inputs  # noqa: E402
-from msda_mm.bench.presets import PRESETS  # noqa: E402
-from msda_mm.bench.report import write_results  # noqa: E402
-from msda_mm.bench.run import DTYPES  # noqa: E402
-from msda_mm.bench.timing import graph_times_us, kernel_spans  # noqa: E402
+from bench.op.cell import reference_fp64  # noqa: E402
+from bench.op.cli import names, tiles  # noqa: E402
+from bench.op.inputs import DISTRIBUTIONS, make_inputs  # noqa: E402
+from bench.op.presets import PRESETS  # noqa: E402
+from bench.op.report import write_results  # noqa: E402
+from bench.op.run import DTYPES  # noqa: E402
+from bench.op.timing import graph_times_us, kernel_spans  # noqa: E402
 from msda_mm.ops import launch  # noqa: E402
 from msda_mm.ops.msda import resolve_fp32_grad_accum  # noqa: E402
 

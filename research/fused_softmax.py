@@ -32,11 +32,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from msda_mm.bench.cli import names  # noqa: E402
-from msda_mm.bench.presets import PRESETS  # noqa: E402
-from msda_mm.bench.report import write_results  # noqa: E402
-from msda_mm.bench.run import DTYPES, preset_inputs  # noqa: E402
-from msda_mm.bench.timing import eager_times_us, graph_times_us, peak_memory_mb  # noqa: E402
+from bench.op.cli import names  # noqa: E402
+from bench.op.presets import PRESETS  # noqa: E402
+from bench.op.report import write_results  # noqa: E402
+from bench.op.run import DTYPES, preset_inputs  # noqa: E402
+from bench.op.timing import eager_times_us, graph_times_us, peak_memory_mb  # noqa: E402
 from msda_mm.ops import launch, multi_scale_deformable_attention, point_softmax  # noqa: E402
 
 MODES = ("unfused", "fused")

@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from msda_mm.bench.inputs import MSDAInputs
+from bench.op.inputs import MSDAInputs
 
 
 def corner_rows(inputs: MSDAInputs) -> torch.Tensor:

@@ -26,15 +26,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
+from bench.op.cli import names, tiles  # noqa: E402
+from bench.op.inputs import make_inputs  # noqa: E402
+from bench.op.presets import PRESETS  # noqa: E402
+from bench.op.report import slug, write_json  # noqa: E402
+from bench.op.run import DTYPES  # noqa: E402
+from bench.op.timing import graph_times_us, kernel_times_us  # noqa: E402
 from msda_mm import multi_scale_deformable_attention  # noqa: E402
-from msda_mm.bench.cli import names, tiles  # noqa: E402
-from msda_mm.bench.inputs import make_inputs  # noqa: E402
-from msda_mm.bench.presets import PRESETS  # noqa: E402
-from msda_mm.bench.report import device_name, environment, slug, write_json  # noqa: E402
-from msda_mm.bench.run import DTYPES  # noqa: E402
-from msda_mm.bench.timing import graph_times_us, kernel_times_us  # noqa: E402
 from msda_mm.ops import launch  # noqa: E402
 from msda_mm.ops.msda import resolve_fp32_grad_accum  # noqa: E402
+from msda_mm.parity.report import device_name, environment  # noqa: E402
 from research.gather import corner_rows, distinct_rows, gather_sum  # noqa: E402
 from research.scatter import scatter_add, zeroed  # noqa: E402
 

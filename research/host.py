@@ -22,8 +22,8 @@ from unittest import mock
 
 import torch
 
-from msda_mm.bench.inputs import MSDAInputs
-from msda_mm.bench.timing import autograd_floor_us, eager_times_us
+from bench.op.inputs import MSDAInputs
+from bench.op.timing import autograd_floor_us, eager_times_us
 from msda_mm.ops import launch, multi_scale_deformable_attention
 from msda_mm.ops.fast_launch import FastLaunch
 from msda_mm.ops.msda import resolve_fp32_grad_accum

@@ -27,10 +27,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from msda_mm.bench.cli import names  # noqa: E402
-from msda_mm.bench.presets import PRESETS  # noqa: E402
-from msda_mm.bench.report import write_results  # noqa: E402
-from msda_mm.bench.run import DTYPES, preset_inputs  # noqa: E402
+from bench.op.cli import names  # noqa: E402
+from bench.op.presets import PRESETS  # noqa: E402
+from bench.op.report import write_results  # noqa: E402
+from bench.op.run import DTYPES, preset_inputs  # noqa: E402
 from msda_mm.ops import launch  # noqa: E402
 from research.host import host_breakdown, pieces  # noqa: E402
 

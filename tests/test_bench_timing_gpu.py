@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from msda_mm.bench.timing import graph_floor_us, graph_times_us, kernel_times_us
+from bench.op.timing import graph_floor_us, graph_times_us, kernel_times_us
 
 pytestmark = pytest.mark.gpu
 

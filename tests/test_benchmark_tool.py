@@ -1,4 +1,4 @@
-"""tools/benchmark.py and msda_mm.bench on CPU: the input generators, the
+"""tools/benchmark.py and bench.op on CPU: the input generators, the
 targets check, a smoke run of the whole tool on the tiny preset, and the
 mmcv_cuda rows (mmcv's Function on a fake build of its kernels)."""
 import csv
@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from msda_mm.bench.inputs import CLUSTER_SIGMA_PX, make_inputs
-from msda_mm.bench.presets import PRESETS, Preset, pyramid
-from msda_mm.bench.report import console_table
-from msda_mm.bench.targets import apply_targets, load_targets
+from bench.op.inputs import CLUSTER_SIGMA_PX, make_inputs
+from bench.op.presets import PRESETS, Preset, pyramid
+from bench.op.report import console_table
+from bench.op.targets import apply_targets, load_targets
 from msda_mm.compat import MMCV_LITE
 
 # isort: split
@@ -143,7 +143,7 @@ def test_tool_smoke(tmp_path, capsys):
 
 
 def test_grad_loc_error_skips_samples_on_pixel_centre_lines():
-    from msda_mm.bench.cell import _off_kinks
+    from bench.op.cell import _off_kinks
     x = make_inputs(PRESETS["tiny"], "uniform")  # level 0 is 3 x 2 (H x W)
     loc = torch.tensor([[0.75, 0.5], [0.25 + 1e-5, 0.4], [0.6, 0.5 / 3]])  # (x, y)
     x.sampling_locations = loc.view(1, 3, 1, 1, 1, 2)
@@ -155,7 +155,7 @@ def test_grad_loc_error_skips_samples_on_pixel_centre_lines():
 
 
 def test_tile_specs():
-    from msda_mm.bench.impls import tiled
+    from bench.op.impls import tiled
     assert tiled("msda_mm") == ("msda_mm", {})
     assert tiled("msda_mm@2x1,1x1x16") == ("msda_mm", dict(fwd=(2, 1), bwd=(1, 1, 16)))
     assert tiled("msda_mm@p8x1,1x1x16") == ("msda_mm", dict(pairs=(8, 1), bwd=(1, 1, 16)))
@@ -166,9 +166,9 @@ def test_tile_specs():
 
 @pytest.fixture
 def mmcv_cuda_impl(monkeypatch, tmp_path):
-    """msda_mm.bench.impls with a pretended GPU and nothing built yet (the
+    """bench.op.impls with a pretended GPU and nothing built yet (the
     default build folder); its cached look-up of the build reset around."""
-    from msda_mm.bench import impls
+    from bench.op import impls
     impls._mmcv_cuda_kernels.cache_clear()
     yield impls, pretend_gpu(monkeypatch, tmp_path / "cache")
     impls._mmcv_cuda_kernels.cache_clear()

@@ -1,4 +1,4 @@
-"""tools/compare_runs.py and msda_mm/e2e/runs.py on hand-written mmengine
+"""tools/compare_runs.py and bench/step/runs.py on hand-written mmengine
 scalars.json files: windowed losses, timing, AP points, the comparison
 against the baseline, and the errors for bad input."""
 import json
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from msda_mm.e2e.runs import compare, summarize, window_means
+from bench.step.runs import compare, summarize, window_means
 
 ROOT = Path(__file__).resolve().parents[1]
 

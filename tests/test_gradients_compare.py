@@ -1,4 +1,4 @@
-"""msda_mm.e2e.gradients (tools/parity.py grads) on one TritonMSDeformAttn
+"""msda_mm.parity.gradients (tools/parity.py grads) on one TritonMSDeformAttn
 under bf16 autocast on the CPU (the PyTorch reference backend)."""
 import math
 
@@ -7,8 +7,8 @@ import torch
 from torch import nn
 
 from msda_mm import TritonMSDeformAttn
-from msda_mm.e2e import gradients
 from msda_mm.models import triton_ms_deform_attn
+from msda_mm.parity import gradients
 
 ARGS = dict(embed_dims=32, num_heads=4, num_levels=2, num_points=3, batch_first=True)
 

@@ -1,12 +1,12 @@
-"""msda_mm.e2e.kernel_check.checked_calls (tools/parity.py kernels) on one
+"""msda_mm.parity.kernel_check.checked_calls (tools/parity.py kernels) on one
 TritonMSDeformAttn under bf16 autocast on the CPU, the kernels in Triton's
 interpreter: it checks the op's bf16 calls, only those, at most max_calls,
 and leaves the module's op as it found it."""
 import torch
 
 from msda_mm import TritonMSDeformAttn
-from msda_mm.e2e.kernel_check import checked_calls
 from msda_mm.models import triton_ms_deform_attn
+from msda_mm.parity.kernel_check import checked_calls
 
 ARGS = dict(embed_dims=32, num_heads=2, num_levels=2, num_points=2, batch_first=True)
 

@@ -20,8 +20,8 @@ import msda_mm
 from msda_mm.compat import MMCV_LITE, mmcv_cuda_switch
 from msda_mm.compat.mmcv_cuda_build import BuildError, load_extension
 from msda_mm.datasets.synthetic import ann_file
-from msda_mm.e2e import attention
 from msda_mm.models import TritonMSDeformAttn
+from msda_mm.parity import attention
 
 # isort: split
 # After msda_mm, whose mmcv-lite shims make these importable.
@@ -228,6 +228,27 @@ def test_use_op_switches_every_attention_and_restores(op, cls):
     assert type(model.mmcv) is MultiScaleDeformableAttention
 
 
+def test_use_op_gives_an_mmcv_module_the_triton_settings_inside_only():
+    model = TwoLayers()
+    model.triton.deterministic = True
+    mmcv_attributes = dict(vars(model.mmcv))
+    fresh = TritonMSDeformAttn(embed_dims=8, num_heads=2, num_levels=1, num_points=2)
+    assert {name: getattr(fresh, name) for name in attention.TRITON_SETTINGS} == \
+        attention.TRITON_SETTINGS
+    with attention.use_op(model, "triton"):
+        assert {name: getattr(model.mmcv, name) for name in attention.TRITON_SETTINGS} == \
+            attention.TRITON_SETTINGS
+        assert model.triton.deterministic is True  # a TritonMSDeformAttn keeps its own
+        # batch_first=False: query (Q, B, C), value (S, B, C).
+        out = model.mmcv(torch.randn(3, 1, 8), value=torch.randn(4, 1, 8),
+                         reference_points=torch.rand(1, 3, 1, 2),
+                         spatial_shapes=torch.tensor([[2, 2]]),
+                         level_start_index=torch.tensor([0]))
+        assert out.shape == (3, 1, 8)
+    assert vars(model.mmcv) == mmcv_attributes
+    assert model.triton.deterministic is True
+
+
 @pytest.fixture
 def fake_mmcv_kernels(monkeypatch, tmp_path):
     """A pretended GPU whose default build is a fake one (its folder);
@@ -287,7 +308,7 @@ def test_reports_say_what_each_class_runs_as_configured(fake_mmcv_kernels):
 def test_fp32_kernels_are_compared_with_mmcvs(fake_mmcv_kernels):
     # The fake build is msda_mm's reference: the Triton kernels (interpreted)
     # against it, to fp32 rounding of sums of 4 corners x 2 levels x 2 points.
-    from msda_mm.e2e import kernel_check
+    from msda_mm.parity import kernel_check
     g = torch.Generator().manual_seed(0)
     shapes = torch.tensor([[3, 4], [2, 2]])
     args = dict(value=torch.randn(1, 16, 2, 4, generator=g).bfloat16(), spatial_shapes=shapes,

@@ -15,7 +15,7 @@ from mmengine.config import Config
 from torch.autograd import DeviceType
 from torch.autograd.profiler_util import Interval
 
-from msda_mm.e2e.profiling import STEP, SYNC_EVENTS, summarise
+from bench.step.profiling import STEP, SYNC_EVENTS, summarise
 
 ROOT = Path(__file__).resolve().parents[1]
 TOOL = ROOT / "tools" / "profile_step.py"
@@ -222,7 +222,7 @@ def test_waits_find_their_frames_under_another_thread_id():
 
 
 def test_every_msda_kernel_counts_as_msda():
-    from msda_mm.e2e.profiling import MSDA_KERNEL
+    from bench.step.profiling import MSDA_KERNEL
     for name in ("msda_fwd_kernel", "msda_fwd_pairs_kernel", "msda_bwd_kernel",
                  "ms_deformable_im2col_gpu_kernel"):
         assert MSDA_KERNEL.search(name), name

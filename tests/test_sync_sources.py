@@ -1,4 +1,4 @@
-"""msda_mm.e2e.syncs: counting PyTorch's sync-debug warnings by the Python
+"""bench.step.syncs: counting PyTorch's sync-debug warnings by the Python
 frame that made them (CPU: the warnings are raised by hand; the GPU test
 makes real ones)."""
 import warnings
@@ -7,7 +7,7 @@ from collections import Counter
 import pytest
 import torch
 
-from msda_mm.e2e import syncs
+from bench.step import syncs
 
 
 def _waits_twice():

@@ -6,7 +6,7 @@
     python tools/benchmark.py --presets decoder,dino_decoder,encoder --impl msda_mm,msda_mm_det
 
 Writes <out>/<device-slug>.json, .csv and .png for each --out folder and
-prints a table.  Methods: msda_mm/bench/timing.py and cell.METHOD (copied
+prints a table.  Methods: bench/op/timing.py and cell.METHOD (copied
 into the JSON).
 """
 from __future__ import annotations
@@ -17,7 +17,8 @@ import sys
 import time
 from pathlib import Path
 
-# Runs as `python tools/benchmark.py` from a checkout, installed or not.
+# Runs as `python tools/benchmark.py` from a checkout (bench/ is never
+# installed), msda_mm installed or not.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 _ACCUM = {"auto": None, "on": True, "off": False}
@@ -25,7 +26,7 @@ _ACCUM = {"auto": None, "on": True, "off": False}
 
 def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--presets", help="comma-separated names of msda_mm/bench/presets.py "
+    p.add_argument("--presets", help="comma-separated names of bench/op/presets.py "
                                      "(default: every preset but tiny)")
     p.add_argument("--dtypes", help="value dtypes, of fp32,fp16,bf16 (default: all); "
                                     "locations and weights are always fp32")
@@ -42,7 +43,7 @@ def parse_args(argv):
                    help="msda_mm's grad_value accumulation (on: the pre-Hopper bf16 path)")
     p.add_argument("--out", type=Path, nargs="+", default=[Path("benchmarks")],
                    help="folders to write <device>.json/.csv/.png into")
-    p.add_argument("--targets", help="JSON, inline or a file: see msda_mm/bench/targets.py")
+    p.add_argument("--targets", help="JSON, inline or a file: see bench/op/targets.py")
     p.add_argument("--budget-ms", type=float, default=50.0,
                    help="time each timer repeats its call for (5 to 500 repetitions)")
     p.add_argument("--seed", type=int, default=0)
@@ -52,15 +53,15 @@ def parse_args(argv):
                         "BLOCK_Q x warps [x BLOCK_P points per chunk]; a forward 'p8x1' is "
                         "msda_fwd_pairs_kernel's; ';' between rows)")
     args = p.parse_args(argv)
-    # The names are checked against msda_mm.bench only now: --help answers
+    # The names are checked against bench.op only now: --help answers
     # before torch and msda_mm load (seconds).
     import torch
 
-    from msda_mm.bench.cli import names
-    from msda_mm.bench.impls import IMPLS, MSDA_MM
-    from msda_mm.bench.inputs import DISTRIBUTIONS
-    from msda_mm.bench.presets import DEFAULT_PRESETS, PRESETS
-    from msda_mm.bench.run import DTYPES
+    from bench.op.cli import names
+    from bench.op.impls import IMPLS, MSDA_MM
+    from bench.op.inputs import DISTRIBUTIONS
+    from bench.op.presets import DEFAULT_PRESETS, PRESETS
+    from bench.op.run import DTYPES
 
     for key, choices, default in (("presets", PRESETS, DEFAULT_PRESETS),
                                   ("dtypes", DTYPES, tuple(DTYPES)),
@@ -86,19 +87,13 @@ def parse_args(argv):
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parse_args(argv)
-    from msda_mm.bench.cell import METHOD
-    from msda_mm.bench.plot import plot_times
-    from msda_mm.bench.report import (
-        console_table,
-        device_name,
-        environment,
-        slug,
-        write_csv,
-        write_json,
-    )
-    from msda_mm.bench.run import Config, run_matrix
-    from msda_mm.bench.targets import apply_targets, load_targets
-    from msda_mm.bench.timing import autograd_floor_us, graph_floor_us
+    from bench.op.cell import METHOD
+    from bench.op.plot import plot_times
+    from bench.op.report import console_table, slug, write_csv, write_json
+    from bench.op.run import Config, run_matrix
+    from bench.op.targets import apply_targets, load_targets
+    from bench.op.timing import autograd_floor_us, graph_floor_us
+    from msda_mm.parity.report import device_name, environment
 
     targets = load_targets(args.targets) if args.targets else {}
     config = Config(args.presets, args.locations, args.dtypes, args.impl, args.device,

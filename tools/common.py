@@ -7,15 +7,25 @@ at once).  Importing msda_mm.datasets (and with it msda_mm) makes the
 registrations (TritonMSDeformAttn, SyntheticShapesDataset,
 VerifiedCheckpointHook), the mmcv-lite shims and the checkpoint allow-list
 active even for a config without ``custom_imports``.
+
+bench/ (the lab beside the package: profiling, plots) is never installed:
+importing this module puts the checkout's root first on sys.path, as
+benchmark.py does, so that the tools import bench/ and msda_mm from the
+checkout they belong to.
 """
 from __future__ import annotations
 
 import argparse
 import os
 import os.path as osp
+import sys
 from pathlib import Path
 
 from mmengine.config import Config, DictAction
+
+ROOT = str(Path(__file__).resolve().parents[1])
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
 
 
 def positive_int(text: str) -> int:

@@ -14,7 +14,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
+
+# Runs as `python tools/compare_runs.py` from a checkout: bench/ is never installed.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def named_dir(text: str) -> tuple[str, Path]:
@@ -52,9 +56,9 @@ def _row(name: str, run: dict, ap_keys) -> str:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    # Here, after the command line is read: msda_mm (and with it torch) takes seconds.
-    from msda_mm.e2e.plot import plot_loss_curves
-    from msda_mm.e2e.runs import COCO_KEYS, compare, summarize
+    # Here, after the command line is read.
+    from bench.step.plot import plot_loss_curves
+    from bench.step.runs import COCO_KEYS, compare, summarize
 
     try:
         runs = {name: summarize(path, args.window) for name, path in args.runs}

@@ -11,7 +11,7 @@ inside a whole detector.
         [--mmcv {cuda,pytorch}] [--out DIR] [--cfg-options k=v ...]
 
 Each run switches every MSDA module of one model between the two ops (same
-weights: see msda_mm/e2e/attention.py for what the mmcv side runs).  On CUDA
+weights: see msda_mm/parity/attention.py for what the mmcv side runs).  On CUDA
 the mmcv side runs mmcv's own CUDA kernels where they are here (compiled
 mmcv, or on mmcv-lite the build of tools/build_mmcv_msda.py), else mmcv's
 PyTorch function; --mmcv chooses, and every report says what each side ran.
@@ -29,14 +29,14 @@ grads: not mmcv's side but msda_mm's own precision: one training batch,
 backward four times from the same weights and random state, with the op as
 configured (twice: the run-to-run floor of its atomics), with
 ``fp32_grad_accum=True`` and with ``fp32_compute=True`` on every
-TritonMSDeformAttn (msda_mm/e2e/gradients.py); the relative difference of
+TritonMSDeformAttn (msda_mm/parity/gradients.py); the relative difference of
 each parameter's gradient between them.  Writes parity_grads.json.
 
 kernels: also msda_mm's own precision, on the op's real inputs: one training
 batch's forward (the config's AMP, so a bf16 config on CUDA), with each of
 the first --max-calls op calls on a bf16 value also run, forward and
 backward, on the bf16 and the fp32 kernels and checked against each other
-(msda_mm/e2e/kernel_check.py), and with mmcv's CUDA kernels the fp32
+(msda_mm/parity/kernel_check.py), and with mmcv's CUDA kernels the fp32
 kernels' relative difference from them reported beside (not judged); exits
 0 if every call is within, 3 if one is not, 4 if no call had a bf16 value
 (1 and 2 stay Python's and argparse's: a crash, a bad command line).
@@ -50,7 +50,7 @@ import sys
 
 from common import add_config_args, positive_int
 
-# msda_mm.e2e.attention.MMCV_KERNELS, spelled here: that module imports torch
+# msda_mm.parity.attention.MMCV_KERNELS, spelled here: that module imports torch
 # and mmcv (seconds) and --help answers before them; mmcv_side checks the choice.
 MMCV_KERNELS = ("cuda", "pytorch")
 

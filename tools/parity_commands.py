@@ -15,11 +15,12 @@ from common import build_runner, config_namespace, load_config
 from train import check_precision
 
 # isort: split
+# After common, which puts the checkout's bench/ on sys.path.
+from bench.step.plot import plot_loss_curves
 from msda_mm.compat.mmcv_cuda_build import BuildError
-from msda_mm.e2e import compare, gradients, kernel_check, training
-from msda_mm.e2e.attention import OPS, describe, mmcv_side, recorded_outputs, use_op
-from msda_mm.e2e.cli import model_device, write_json
-from msda_mm.e2e.plot import plot_loss_curves
+from msda_mm.parity import compare, gradients, kernel_check, training
+from msda_mm.parity.attention import OPS, describe, mmcv_side, recorded_outputs, use_op
+from msda_mm.parity.report import model_device, write_json
 
 
 def _mmcv_side(args: argparse.Namespace, device: torch.device):

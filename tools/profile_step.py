@@ -11,7 +11,7 @@ images/s, peak GPU memory), then --profile-iters more under torch.profiler
 (device time, the MSDA kernels' share of it, the top host costs,
 synchronisation points), then on CUDA --sync-iters more under PyTorch's
 sync debug mode, which names the Python frame of every wait on the device
-(the trace could not there: msda_mm/e2e/syncs.py).  Data loading is outside
+(the trace could not there: bench/step/syncs.py).  Data loading is outside
 the timed and profiled ranges.  With
 --image-size the steps train on synthetic shapes of exactly H x W
 (generated once under data/), whatever data the config names.  Writes

@@ -13,13 +13,14 @@ from common import build_runner, config_namespace, load_config, uses_amp
 from train import check_precision
 
 # isort: split
+# After common, which puts the checkout's bench/ on sys.path.
+from bench.step.profiling import STEP, TOP_SYNC_SOURCES, summarise
+from bench.step.syncs import counted_syncs
 from msda_mm.datasets.synthetic import ann_file
-from msda_mm.e2e import training
-from msda_mm.e2e.attention import as_configured, msda_modules
-from msda_mm.e2e.cli import model_device, write_json
-from msda_mm.e2e.profiling import STEP, TOP_SYNC_SOURCES, summarise
-from msda_mm.e2e.syncs import counted_syncs
 from msda_mm.engine import CompileSubmodulesHook
+from msda_mm.parity import training
+from msda_mm.parity.attention import as_configured, msda_modules
+from msda_mm.parity.report import model_device, write_json
 
 # Synthetic images per --image-size: enough for distinct batches of 8; the
 # loader cycles through them (their content does not change a step's cost).

@@ -30,7 +30,7 @@ from typing import Callable, Iterator, Mapping, Optional
 import torch
 from mmcv.ops import multi_scale_deform_attn
 
-from . import ext_stub, mmcv_cuda_build, mmcv_msda
+from . import ext_stub, mmcv_msda
 
 ENV = "MSDA_MM_MMCV_CUDA"
 # What mmcv's module passes unless configured otherwise (mmdet's DINO keeps it).
@@ -41,6 +41,10 @@ _FUNCTION = multi_scale_deform_attn.MultiScaleDeformableAttnFunction
 
 
 def _kernels(source) -> ModuleType:
+    # Imported here: the builder (torch's cpp_extension, the sdist reader)
+    # loads only when the switch is used, not with msda_mm.
+    from . import mmcv_cuda_build
+
     if isinstance(source, ModuleType):
         missing = [op for op in mmcv_cuda_build.OPS if not hasattr(source, op)]
         if missing:

@@ -102,12 +102,6 @@ class TritonMSDeformAttn(MultiScaleDeformableAttention):
     state_dict are mmcv's either way.
     """
 
-    # Class-level defaults serve an mmcv module re-classed in place
-    # (msda_mm.e2e.attention.use_op), which never ran this __init__.
-    fp32_grad_accum: Optional[bool] = None
-    fp32_compute: bool = False
-    deterministic: Optional[bool] = None
-
     def __init__(self, *args, fp32_grad_accum: Optional[bool] = None,
                  fp32_compute: bool = False, deterministic: Optional[bool] = None, **kwargs):
         if not isinstance(fp32_compute, bool):

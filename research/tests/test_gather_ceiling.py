@@ -5,8 +5,8 @@ interpreter)."""
 import pytest
 import torch
 
-from msda_mm.bench.inputs import make_inputs
-from msda_mm.bench.presets import PRESETS
+from bench.op.inputs import make_inputs
+from bench.op.presets import PRESETS
 from msda_mm.ops import msda_reference
 from research.gather import corner_rows, distinct_rows, gather_sum
 from research.scatter import scatter_add

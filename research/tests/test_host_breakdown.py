@@ -9,8 +9,8 @@ from unittest import mock
 import pytest
 import torch
 
-from msda_mm.bench.inputs import make_inputs
-from msda_mm.bench.presets import PRESETS
+from bench.op.inputs import make_inputs
+from bench.op.presets import PRESETS
 from msda_mm.ops import launch
 from research import host
 

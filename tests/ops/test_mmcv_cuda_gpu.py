@@ -19,8 +19,8 @@ import torch
 
 from msda_mm import multi_scale_deformable_attention
 from msda_mm.compat import mmcv_cuda_build, mmcv_cuda_switch
-from msda_mm.e2e.attention import use_op
 from msda_mm.ops import level_start_index_from_shapes
+from msda_mm.parity.attention import use_op
 
 # isort: split
 # After msda_mm, whose mmcv-lite shims make it importable.

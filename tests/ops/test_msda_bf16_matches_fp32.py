@@ -1,5 +1,5 @@
 """The bf16 kernels compute what the fp32 kernels compute, on the same values
-(msda_mm/e2e/kernel_check.py says why and within what), on random inputs:
+(msda_mm/parity/kernel_check.py says why and within what), on random inputs:
 in the interpreter at small shapes, and marked gpu at DINO's training shapes.
 
 Why this is a test of its own: in DINO trainings without an LR warmup
@@ -11,8 +11,8 @@ kernels); more seeds showed the lag in both kinds of run.
 import pytest
 import torch
 
-from msda_mm.e2e.kernel_check import compare_to_fp32
 from msda_mm.ops import launch
+from msda_mm.parity.kernel_check import compare_to_fp32
 
 from msda_inputs import make_inputs
 
@@ -50,7 +50,7 @@ def test_an_op_off_by_bf16_arithmetic_fails(monkeypatch, where):
     # output or grad_value off by 2**-6 relative (two bf16 units or more),
     # a location or weight gradient off by 1e-4; and a NaN, and an output
     # in another dtype.
-    from msda_mm.e2e import kernel_check
+    from msda_mm.parity import kernel_check
     real = kernel_check._forward_backward
     change = {"output": lambda r: (r[0] * (1 + 2.0**-6), *r[1:]),
               "grad_value": lambda r: (r[0], r[1] * (1 + 2.0**-6), *r[2:]),

@@ -63,6 +63,22 @@ def test_any_import_order_gets_the_plugin(first):
     assert_ok(run_python(first + "\nimport msda_mm\n" + CHECK_APPLIED), "APPLIED")
 
 
+def test_import_leaves_the_mmcv_kernel_builder_unloaded():
+    # The builder of mmcv's CUDA kernels and its sdist reader load only when
+    # a build or the MSDA_MM_MMCV_CUDA switch uses them.
+    proc = run_python("""
+        import os, sys
+        os.environ.pop("MSDA_MM_MMCV_CUDA", None)
+        import msda_mm
+        builder = ("msda_mm.compat.mmcv_cuda_build", "msda_mm.compat.mmcv_sdist")
+        assert "msda_mm.compat" in sys.modules
+        loaded = [name for name in builder if name in sys.modules]
+        assert not loaded, loaded
+        print("UNLOADED")
+    """)
+    assert_ok(proc, "UNLOADED")
+
+
 def test_compiled_mmcv_is_left_alone():
     # A stand-in for a real compiled mmcv._ext, imported before msda_mm: msda_mm
     # must not stub, route or patch anything of mmcv's, only register its module.

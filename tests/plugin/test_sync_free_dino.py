@@ -11,7 +11,7 @@ from mmdet.models.layers import CdnQueryGenerator
 from mmdet.testing import demo_mm_inputs
 from mmengine.config import Config
 
-from msda_mm.e2e.syncs import counted_syncs
+from bench.step.syncs import counted_syncs
 from msda_mm.models import SyncFreeCdnQueryGenerator, SyncFreeDINO
 
 from .detr_configs import build_detector
@@ -127,7 +127,7 @@ def test_sync_free_config_swaps_only_the_detector_preprocessor_and_loader_pinnin
 
 
 # Where mmdet's DINO and mmengine's preprocessing wait outside the head's
-# matching, as msda_mm.e2e.syncs names the frames.
+# matching, as bench.step.syncs names the frames.
 REMOVED_FRAMES = ("get_encoder_reference_points", "gen_encoder_output_proposals",
                   "dino_layers.py", "data_preprocessor.py", "base_data_element.py",
                   "base_boxes.py", "sync_free_")

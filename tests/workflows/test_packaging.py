@@ -2,8 +2,8 @@
 fresh venv and work from there: msda_mm imports from the venv (not the
 checkout), its op matches the reference on a tiny CPU input, and the
 console scripts are installed (TRITON_INTERPRET=1, from the root conftest:
-the kernels run in Triton's interpreter).  The wheel holds msda_mm only; the sdist
-the source tree without benchmarks/."""
+the kernels run in Triton's interpreter).  The wheel holds msda_mm only (not
+the lab, bench/); the sdist the source tree without benchmarks/."""
 import os
 import subprocess
 import sys
@@ -79,7 +79,7 @@ def test_the_sdist_holds_the_source_tree_but_benchmarks(dist):
         names = {n.split("/", 1)[1] for n in sdist.getnames() if "/" in n}
     assert {"pyproject.toml", "conftest.py", "msda_mm/ops/kernels.py", "tests/ops/msda_inputs.py",
             "research/codegen.py", "configs/synthetic/dino_tiny_cpu.py",
-            "tools/train.py"} <= names
+            "tools/train.py", "bench/op/timing.py", "bench/step/plot.py"} <= names
     assert not [n for n in names if n.startswith("benchmarks") or "__pycache__" in n]
 
 

@@ -1,4 +1,4 @@
 """The MSDA benchmark behind tools/benchmark.py: presets and inputs
 (presets, inputs), implementations (impls), timers (timing), one cell
 (cell), the matrix (run) and its reports (report, targets, plot); shared
-command-line pieces (cli), also used by research/gather_ceiling.py."""
+command-line pieces (cli), also used by the research/ tools."""

@@ -3,9 +3,9 @@
 Every timed call starts with a cold L2: a 256 MB buffer is zeroed before it,
 as ``triton.testing.do_bench`` does.  Rotating input sets instead cannot be
 sized from tensor sizes: a call touches only the value rows its locations
-hit (for a decoder, a part of its 91 MB fp32 value that depends on the
-location distribution), so the sets in between need not evict it from the
-L2 (50 MB on an H100/H200; the JSON records the device's).  A cold start is
+hit (a part of the value that depends on the location distribution), so
+the sets in between need not evict it from the L2 (the JSON records the
+device's).  A cold start is
 also what a model gives (value_proj and the layers in between sweep the
 cache) and keeps one cell's numbers independent of the cell before.  The
 zeroing also keeps the GPU busy while the host enqueues the timed call, so
@@ -19,11 +19,11 @@ from typing import Callable, Optional
 
 import torch
 
-_FLUSH_BYTES = 256 << 20  # > 4x the L2 of any current NVIDIA GPU (H200: 50-60 MB)
+_FLUSH_BYTES = 256 << 20  # > 4x the L2 of any current NVIDIA GPU
 
 # Each timer repeats for about its budget, but at least MIN_REPS times (a
-# median of fewer is one outlier from noise) and at most MAX_REPS (a 10 us
-# kernel would otherwise take 5000 reps, each behind a 60 us flush).
+# median of fewer is one outlier from noise) and at most MAX_REPS (a short
+# kernel would otherwise take thousands, each behind an L2 flush).
 MIN_REPS = 5
 MAX_REPS = 500
 
@@ -69,9 +69,8 @@ def graph_times_us(fn: Callable[[], object], device: torch.device,
     """(cold, warm) median device time (us) of one call of ``fn``: CUDA events
     around each replay of a graph of it; cold flushes the L2 before each
     replay, warm replays back to back, so the call finds in the L2 whatever
-    its previous replay left there (a decoder's 45-91 MB value partly fits
-    the H200's 60 MB).  A graph has no Python dispatch or launch gaps, so
-    this is the GPU's own time."""
+    its previous replay left there (a decoder's value partly fits).  A graph
+    has no Python dispatch or launch gaps, so this is the GPU's own time."""
     graph = capture_graph(fn)
 
     def replays(n: int, flush: bool) -> list[float]:
@@ -120,8 +119,8 @@ def kernel_times_us(fn: Callable[[], object], device: torch.device,
     (CUPTI) records them, cold L2 (kernel_spans).
 
     Unlike graph_times_us this leaves out the graph launch and the gaps
-    between launches: for a 10 us kernel the event pair around a graph
-    replay adds several us (graph_floor_us measures it).  The device
+    between launches, which the event pair around a graph replay adds
+    (graph_floor_us measures it).  The device
     activities split into reps groups, each led by the flush; unless every
     group holds the same activities in the same order (a call that varies,
     or no CUDA profiler), RuntimeError rather than a mixed-up figure.

@@ -2,8 +2,10 @@
 what each attention layer outputs.
 
 Both sides of a parity run are one model object: ``TritonMSDeformAttn``
-subclasses mmcv's ``MultiScaleDeformableAttention`` without adding state, so
-switching an instance's class switches only ``forward``.  Same weights, same
+subclasses mmcv's ``MultiScaleDeformableAttention`` with no parameters or
+buffers of its own, so switching an instance's class switches ``forward``
+and the op's settings its ``__init__`` sets (``TRITON_SETTINGS``: given
+their defaults on an mmcv module, which never ran it).  Same weights, same
 buffers, same checkpoint, nothing rebuilt.
 
 The mmcv side is mmcv's own ``forward``.  For CUDA tensors that calls
@@ -35,6 +37,8 @@ from mmcv.ops import MultiScaleDeformableAttention, multi_scale_deform_attn
 OPS = ("triton", "mmcv")
 MMCV_KERNELS = ("cuda", "pytorch")
 _CLASSES = {"triton": TritonMSDeformAttn, "mmcv": MultiScaleDeformableAttention}
+# The op's settings TritonMSDeformAttn.__init__ sets, at its defaults.
+TRITON_SETTINGS = dict(fp32_grad_accum=None, fp32_compute=False, deterministic=None)
 _MMCV_PYTORCH = "mmcv multi_scale_deformable_attn_pytorch"
 _COMPILED = "mmcv CUDA kernels (compiled mmcv)"
 
@@ -129,22 +133,30 @@ def msda_modules(model: nn.Module) -> dict[str, MultiScaleDeformableAttention]:
 @contextmanager
 def use_op(model: nn.Module, op: str, mmcv: MmcvSide = MMCV_PYTORCH) -> Iterator[None]:
     """Run every MSDA module of ``model`` with ``op`` ('triton' or 'mmcv',
-    the latter on ``mmcv``'s kernels) inside the block; the modules' classes
-    and mmcv's routing are restored on exit."""
+    the latter on ``mmcv``'s kernels) inside the block.  With 'triton' a
+    module without the TRITON_SETTINGS attributes (an mmcv one) gets them at
+    their defaults; a TritonMSDeformAttn keeps its own.  The modules'
+    classes and attributes and mmcv's routing are restored on exit."""
     if op not in _CLASSES:
         raise ValueError(f"op must be one of {OPS}, got {op!r}")
     modules = msda_modules(model).values()
     if not modules:
         raise ValueError("the model has no MultiScaleDeformableAttention module to compare")
     classes = [type(m) for m in modules]
-    for m in modules:
+    added = [{k: v for k, v in TRITON_SETTINGS.items() if k not in vars(m)}
+             if op == "triton" else {} for m in modules]
+    for m, settings in zip(modules, added):
         m.__class__ = _CLASSES[op]
+        for name, value in settings.items():
+            setattr(m, name, value)
     try:
         with mmcv.route() if op == "mmcv" else nullcontext():
             yield
     finally:
-        for m, cls in zip(modules, classes):
+        for m, cls, settings in zip(modules, classes, added):
             m.__class__ = cls
+            for name in settings:
+                delattr(m, name)
 
 
 @contextmanager

@@ -1,41 +1,25 @@
-"""Benchmark results: environment, JSON, CSV and the console table."""
+"""Benchmark results: JSON (with the environment of msda_mm.parity.report), CSV
+and the console table."""
 from __future__ import annotations
 
 import csv
-import datetime
 import json
 import math
-import platform
 import re
 import sys
 from collections import Counter
 from pathlib import Path
 
 import torch
-import triton
+
+from msda_mm.parity.report import device_name, environment
 
 from .targets import cell_key
-
-
-def device_name(device: torch.device) -> str:
-    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
 
 
 def slug(name: str) -> str:
     """File-name form of a device name: 'NVIDIA H200' -> 'nvidia-h200'."""
     return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
-
-
-def environment(device: torch.device) -> dict:
-    env = dict(device=device_name(device), torch=torch.__version__, triton=triton.__version__,
-               python=platform.python_version(),
-               date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
-    if device.type == "cuda":
-        props = torch.cuda.get_device_properties(device)
-        env.update(capability=f"{props.major}.{props.minor}", sms=props.multi_processor_count,
-                   memory_gb=round(props.total_memory / 1e9, 1),
-                   l2_mb=getattr(props, "L2_cache_size", 0) / 2**20)
-    return env
 
 
 def _jsonable(value):

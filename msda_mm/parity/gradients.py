@@ -2,32 +2,22 @@
 ``fp32_compute``: does running the op on bf16 values change what a step
 learns, beyond the op's own run-to-run noise?
 
-The question comes from the runs in benchmarks/e2e/ap_no_warmup (bf16 AMP
-trainings without an LR warmup lagged fp32 at random, with the op on bf16
-values and computing in fp32 alike), while the kernels agree on the same values
-(tests/ops/test_msda_bf16_matches_fp32.py).
-Four backward passes of one batch from the same weights and random state
-answer it for a real model and batch, each TritonMSDeformAttn set as
-follows: as configured, twice (on CUDA its atomics add in a different order
-each time: the noise floor); with ``fp32_grad_accum=True`` (on an H200 the
-configured bf16 path rounds grad_value in bf16 atomics, which those runs
-ruled out as the cause: this pass takes them out); and with
-``fp32_compute=True``.  Compared per parameter: the floor, configured
-against fp32_compute, and fp32_grad_accum against fp32_compute (the op on
-bf16 against fp32 values, both accumulating in fp32: equal up to the order
-of fp32 sums if the kernels are).
+The kernels agree on the same values (tests/ops/test_msda_bf16_matches_fp32.py);
+four backward passes of one batch from the same weights and random state
+answer the question for a real model and batch, each TritonMSDeformAttn set
+as follows: as configured, twice (on CUDA its atomics add in a different
+order each time: the noise floor); with ``fp32_grad_accum=True`` (the
+configured bf16 path may round grad_value in bf16 atomics: this pass takes
+them out); and with ``fp32_compute=True``.  Compared per parameter: the
+floor, configured against fp32_compute, and fp32_grad_accum against
+fp32_compute (the op on bf16 against fp32 values, both accumulating in fp32:
+equal up to the order of fp32 sums if the kernels are).
 
-What the floor does not cover: at two bf16 runs' epoch-4 checkpoints on the
-H200 (benchmarks/e2e/ap_no_warmup) the configured passes gave bit-identical losses
-while fp32_compute moved the loss by 0.09 and 0.97 and the gradients by a
-median 39-51% (floor 0.3%), although every op call of one batch agreed
-with the fp32 kernels to half a bf16 unit (at initial weights; not checked
-at those checkpoints).  We read that as the model's
-discrete steps (two-stage top-k query selection, Hungarian matching)
-amplifying the op output's last-bit differences, so a large fp32_compute
-difference does not by itself point at the kernels; the control this
-comparison lacks is a pass perturbed as little another way (e.g. the other
-forward kernel at the same dtype).
+What the floor does not cover: the model's discrete steps (two-stage top-k
+query selection, Hungarian matching) can amplify the op output's last-bit
+differences, so a large fp32_compute difference does not by itself point at
+the kernels; the control this comparison lacks is a pass perturbed as little
+another way (e.g. the other forward kernel at the same dtype).
 """
 from __future__ import annotations
 

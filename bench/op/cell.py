@@ -16,11 +16,9 @@ TENSORS = ("out", "grad_value", "grad_loc", "grad_attn")
 
 # grad_loc jumps where a sample crosses a line of pixel centres (x * W - 0.5
 # an integer: the four corners, and so the bilinear slopes, change), and
-# fp32 rounding of x * W - 0.5 (up to 256 * 2**-24 = 1.5e-5 px at the widest
-# level) carries samples that close to such a line across it: a few elements
-# of an exact kernel then miss by O(1) (5e-3 relative error for DINO's 460k
-# samples).  grad_loc is compared on the samples at least this far from
-# every such line: 99.6% of them.
+# fp32 rounding of x * W - 0.5 carries samples that close to such a line
+# across it: a few elements of an exact kernel then miss by O(1).  grad_loc
+# is compared on the samples at least this far from every such line.
 _KINK_PX = 1e-3
 
 # How each number is obtained, recorded in the JSON beside the numbers.

@@ -17,9 +17,6 @@ and bilinear weights are non-negative); the location and weight gradients
 would be off by ~2**-9 of its terms, and one that truncated on the GPU by up
 to a whole unit.
 
-On every MSDA call of a DINO training batch on the H200 all are within
-(benchmarks/e2e/ap_warmup200/parity_kernels_bf16_seed*.json).
-
 Where mmcv's own CUDA kernels are here (``attention.MmcvSide``), each call
 also reports how far msda_mm's fp32 kernels are from them on the same fp32
 inputs (relative differences, reported beside the verdict, not part of it:

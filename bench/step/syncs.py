@@ -1,9 +1,8 @@
 """Where a CUDA training step waits for the device, by Python frame, from
 PyTorch's sync debug mode.
 
-torch.profiler's traces gave none of the host's waits a Python frame on the
-H200 (torch 2.11: "(no Python frame)" for all 136 waits a step).
-``torch.cuda.set_sync_debug_mode("warn")`` instead has every synchronising
+torch.profiler's traces can leave every one of the host's waits without a
+Python frame.  ``torch.cuda.set_sync_debug_mode("warn")`` instead has every synchronising
 call (``item()``, ``nonzero``, blocking copies) warn while it runs, so a
 warning hook can read the Python stack at that moment. Waits in the backward
 of PyTorch's own (C++) autograd nodes are buffered on the autograd engine's

@@ -102,9 +102,8 @@ def _sync_sources(host, python_frames) -> list:
     innermost one around an event is the latest-starting frame that has not
     ended by then.  The frames of a waiting op's own thread are searched; if
     that thread has none, those of the thread with the most frames (the main
-    Python thread): on the H200 (torch 2.11) the profiler gave the Python
-    frames another thread id than the ops, and every wait came out
-    frameless."""
+    Python thread): the profiler can give the Python frames another thread
+    id than the ops."""
     frames = defaultdict(list)
     for e in python_frames:
         frames[e.thread].append((e.time_range.start, e.time_range.end, e.name))
@@ -113,7 +112,7 @@ def _sync_sources(host, python_frames) -> list:
     main = max(frames.values(), key=len, default=[])
     # One event per synchronisation: the ops that wait on CUDA, which run on
     # the Python thread.  Not the CUDA runtime's own waits, which the
-    # profiler gave yet another thread id there.  Waits inside other ops
+    # profiler can give yet another thread id.  Waits inside other ops
     # (.cpu(), .tolist(), explicit synchronize) count among sync_points but
     # are attributed to no frame.
     counts: dict[str, int] = defaultdict(int)

@@ -3,14 +3,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from matplotlib.figure import Figure
-
 _PANELS = (("fwd_us", "forward"), ("bwd_us", "backward"))
 
 
 def plot_times(records: list[dict], path: Path, title: str) -> None:
     """Two log-scale panels (forward, backward device time); one group of bars
     per preset/dist/dtype, one bar per implementation."""
+    # Here: matplotlib (msda_mm's "bench" extra) loads only when a plot is
+    # made.  Figure renders with Agg by itself: no pyplot, no display needed.
+    from matplotlib.figure import Figure
+
     groups = list(dict.fromkeys((r["preset"], r["dist"], r["dtype"]) for r in records))
     # Only implementations that ran somewhere (mmcv is often n/a throughout).
     impls = list(dict.fromkeys(r["impl"] for r in records if r.get("fwd_us") is not None))

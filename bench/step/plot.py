@@ -5,11 +5,6 @@ import math
 from pathlib import Path
 from typing import Sequence
 
-# Figure renders with Agg by itself: no pyplot, no display needed.
-from matplotlib import colormaps
-from matplotlib.figure import Figure
-from matplotlib.ticker import MaxNLocator
-
 Series = tuple[Sequence[float], Sequence[float]]  # (iterations, values)
 _OUTSIDE = dict(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small")
 
@@ -22,6 +17,12 @@ def plot_loss_curves(losses: dict[str, Series], rel_diff: dict[str, Series], bas
     zero or infinite points are left out).  Legends sit right of the axes,
     off the curves; past 10 runs the colours come from tab20, so none repeat
     up to 20."""
+    # Here: matplotlib (msda_mm's "bench" extra) loads only when a plot is
+    # made.  Figure renders with Agg by itself: no pyplot, no display needed.
+    from matplotlib import colormaps
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import MaxNLocator
+
     fig = Figure(figsize=(11, 7))
     top, bottom = fig.subplots(2, 1, sharex=True, height_ratios=(2, 1))
     palette = colormaps["tab10" if len(losses) <= 10 else "tab20"]
