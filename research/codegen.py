@@ -37,8 +37,8 @@ from msda_mm.ops.msda import resolve_fp32_grad_accum
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 KERNELS = ("fwd", "fwd_pairs", "bwd", "bound", "bucket_fill", "gather", "stable_bwd",
            "sorted_fill", "stable_gather")
-# The deterministic backward's grad_value kernels (bound_kernel.py, bucket_kernels.py;
-# sorted_buckets.py and the gather's float pass for the stable sort).
+# The deterministic backward's grad_value kernels (msda_mm/ops/deterministic/: the
+# counting sort's; the stable sort's and the gather's float pass).
 DET_KERNELS = KERNELS[3:]
 # The stable sort's, compiled for the encoder's call (its rows take it).
 STABLE_KERNELS = KERNELS[6:]

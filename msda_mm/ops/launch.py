@@ -10,19 +10,23 @@ from typing import NamedTuple
 import torch
 import triton.language as tl
 
-from . import bound_kernel, bucket_kernels, kernels, sorted_buckets
+from .backward import kernels as backward_kernels
+from .deterministic import bound_kernel, gather_kernel
+from .deterministic import bucket_fill_kernel as bucket_fill_jit
+from .deterministic import sorted_fill_kernel as sorted_fill_jit
 from .fast_launch import FastLaunch
+from .forward import kernels as forward_kernels
 
 # The kernels as this module launches them: through FastLaunch (repeat
 # launches skip Triton's argument binding; see fast_launch.py).
-msda_fwd_kernel = FastLaunch(kernels.msda_fwd_kernel)
-msda_fwd_pairs_kernel = FastLaunch(kernels.msda_fwd_pairs_kernel)
-msda_bwd_kernel = FastLaunch(kernels.msda_bwd_kernel)
-zero_fill_kernel = FastLaunch(kernels.zero_fill_kernel)
+msda_fwd_kernel = FastLaunch(forward_kernels.msda_fwd_kernel)
+msda_fwd_pairs_kernel = FastLaunch(forward_kernels.msda_fwd_pairs_kernel)
+msda_bwd_kernel = FastLaunch(backward_kernels.msda_bwd_kernel)
+zero_fill_kernel = FastLaunch(backward_kernels.zero_fill_kernel)
 grad_value_bound_kernel = FastLaunch(bound_kernel.grad_value_bound_kernel)
-bucket_fill_kernel = FastLaunch(bucket_kernels.bucket_fill_kernel)
-grad_value_gather_kernel = FastLaunch(bucket_kernels.grad_value_gather_kernel)
-sorted_fill_kernel = FastLaunch(sorted_buckets.sorted_fill_kernel)
+bucket_fill_kernel = FastLaunch(bucket_fill_jit.bucket_fill_kernel)
+grad_value_gather_kernel = FastLaunch(gather_kernel.grad_value_gather_kernel)
+sorted_fill_kernel = FastLaunch(sorted_fill_jit.sorted_fill_kernel)
 
 
 def interpreter_enabled() -> bool:

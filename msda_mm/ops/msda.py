@@ -26,7 +26,7 @@ import torch
 from torch import Tensor
 
 from . import launch
-from .level_starts import level_starts_on_device
+from .forward.level_starts import level_starts_on_device
 from .reference import level_start_index_from_shapes, msda_reference, point_softmax
 from .validate import check_inputs, check_levels, check_optional_bool
 

@@ -9,7 +9,7 @@ from msda_mm import msda_reference
 from msda_mm import multi_scale_deformable_attention as msda
 from msda_mm.ops import level_start_index_from_shapes
 from msda_mm.ops import msda as msda_module
-from msda_mm.ops.level_starts import level_starts_on_device
+from msda_mm.ops.forward.level_starts import level_starts_on_device
 
 from msda_inputs import make_inputs, rel_err
 

@@ -14,8 +14,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .fast_launch import FastLaunch
-from .launch import _device_guard, _next_pow2
+from ..fast_launch import FastLaunch
+from ..launch import _device_guard, _next_pow2
 
 
 @triton.jit
