@@ -13,7 +13,8 @@ import torch
 from triton.compiler import CompiledKernel
 from triton.compiler import compiler as triton_compiler
 
-from msda_mm.ops import fast_launch, launch
+from msda_mm.ops import fast_launch
+from msda_mm.ops.backward import launcher as backward_launcher
 from msda_mm.ops.backward.kernels import zero_fill_kernel
 from msda_mm.ops.fast_launch import FastLaunch, specialisation_key
 
@@ -42,7 +43,7 @@ class _JitFn:
 
 @pytest.fixture
 def jit_fn(monkeypatch):
-    monkeypatch.setattr(fast_launch, "_COMPILED", (_Compiled,))
+    monkeypatch.setattr(fast_launch, "COMPILED", (_Compiled,))
     return _JitFn()
 
 
@@ -86,7 +87,7 @@ def test_equal_properties_share_a_key_and_the_cache_is_bounded(jit_fn, monkeypat
     fast = FastLaunch(jit_fn)
     for n in (1, 2, 3):  # the third key starts the cache over
         fast[(1,)](a, n, BLOCK=4, PDL=False)
-    assert len(fast._kernels) == 1
+    assert len(fast.kept) == 1
     fast[(1,)](a, 3, BLOCK=4, PDL=False)
     assert jit_fn.calls[-1][0] == "compiled"
 
@@ -99,8 +100,8 @@ def test_interpreted_kernels_are_never_kept():
         fast[(2,)](words, 40, BLOCK=16, PDL=False, num_warps=1)
         assert not words.any()
         words.fill_(-1)
-    assert fast._kernels == {}
-    assert isinstance(launch.msda_bwd_kernel, FastLaunch)
+    assert fast.kept == {}
+    assert isinstance(backward_launcher.msda_bwd_kernel, FastLaunch)
 
 
 def test_triton_compiled_kernels_runner_gets_a_whole_grid(monkeypatch):

@@ -1,5 +1,5 @@
 """The deterministic backward's fixed point, one exponent per value row
-(gather_kernel.grad_value_gather_kernel): each of a row's n entries adds
+(gather.grad_value_gather_kernel): each of a row's n entries adds
 c * go (c its corner weight, go its query's grad_output row) times 2**e,
 rounded to an integer, and the integers are summed exactly, so that their
 order does not matter; the sum times 2**-e is rounded once to value's dtype.
@@ -14,7 +14,7 @@ row's own largest term, whatever the head's other rows hold); 16-bit values
 round theirs in one FFMA and sum them in int32 (exact_sums.py).  The scale is
 applied as c * 2**(e + k_q) and go * 2**-k_q (scaled_factors, g_q < 2**k_q):
 neither overflows, and one is subnormal only in a term under 2**-62, which
-is 0 either way.  A head whose bound (launch.grad_value_bound) is inf, NaN or
+is 0 either way.  A head whose bound (buckets.grad_value_bound) is inf, NaN or
 2**BIAS or more, where a sum could overflow ACC, gets NaN (head_ok)."""
 import triton
 import triton.language as tl

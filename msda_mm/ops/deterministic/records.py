@@ -2,8 +2,15 @@
 holding its query and the bits of its attention weight w and bilinear
 fractions lx, ly, from which the gather recomputes each corner weight
 bitwise as msda_bwd_kernel does (sampling.bilinear_weight)."""
+import torch
 import triton
 import triton.language as tl
+
+
+def record_dtype(acc_dtype) -> torch.dtype:
+    """The words of a record holding acc_dtype's bits: int32 for fp32, int64
+    for fp64."""
+    return torch.int64 if acc_dtype is tl.float64 else torch.int32
 
 
 @triton.jit

@@ -1,5 +1,5 @@
 """The deterministic backward's stable sort, for value rows of 2 entries or
-more (launch.deterministic_sort): the buckets of cells.py with their
+more (Tiles.deterministic_sort): the buckets of cells.py with their
 entries in sample order, so that grad_value_gather_kernel can sum them in
 float, in that order, in one pass.
 

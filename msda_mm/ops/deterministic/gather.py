@@ -1,11 +1,11 @@
 """The deterministic backward's grad_value, gathered per value row from the
 samples sorted into buckets by cell (grad_value_gather_kernel).  Rows with
-few entries (launch.deterministic_sort: under 2 a row, the Deformable DETR
-decoder) take the counting sort (bucket_fill_kernel.py), whose order inside
+few entries (Tiles.deterministic_sort: under 2 a row, the Deformable DETR
+decoder) take the counting sort (bucket_fill.py), whose order inside
 a bucket varies, and sum integer terms at the row's own exponent
 (fixed_point.py: int64; for 16-bit values int32 sums of terms rounded in
 fp32, exact_sums.py); denser rows (the encoders, DINO's decoder) take the
-stable sort (sorted_fill_kernel.py), whose order is the samples', and sum
+stable sort (sorted_fill.py), whose order is the samples', and sum
 in float in that order.
 
 The counting sort's gather makes two passes over a row's entries: the
@@ -26,7 +26,7 @@ import triton.language as tl
 
 from ..jit_helpers import head_base, pair_halves, pair_words, program_tile, row_ptrs
 from ..sampling import bilinear_weight
-from .bound_kernel import query_max_ptrs
+from .bound import query_max_ptrs
 from .cells import ext_start
 from .exact_sums import SUM_BITS, TERM_BITS, integer_terms
 from .fixed_point import (
@@ -161,7 +161,7 @@ def grad_value_gather_kernel(
     (exact_sums.py), else truncated from ACC and summed in int64
     (fixed_point_terms).  bound_ptr (B, M) float64: a head
     whose bound says it could overflow (head_ok) is NaN, its buckets unread.
-    Not FIXED (entries in sample order: sorted_fill_kernel.py; bound_ptr and
+    Not FIXED (entries in sample order: sorted_fill.py; bound_ptr and
     gq_ptr None): one pass, the terms summed in ACC in entry order; PAIRS
     (16-bit grad_output and grad_value as int32 words of two channels, as
     msda_fwd_pairs_kernel reads value: unit channel strides, even D and

@@ -1,4 +1,4 @@
-"""The deterministic backward's bound (launch.grad_value_bound)
+"""The deterministic backward's bound (buckets.grad_value_bound)
 in one kernel: per query max_d |grad_output| * sum_{l,k} |weight| times Q,
 then its max over the queries by an integer atomic max on the float64 bits.
 

@@ -1,11 +1,11 @@
 """The deterministic backward's counting sort (value rows of few entries,
-launch.deterministic_sort), all on the device: msda_bwd_kernel ranks each
+Tiles.deterministic_sort), all on the device: msda_bwd_kernel ranks each
 sample in its bucket (cells.py) with an atomic increment
 (cells.rank_samples) while it computes the location and weight gradients,
 an exclusive cumsum of the counts gives each bucket's first entry, and
 bucket_fill_kernel writes each sample's record (its query, attention
 weight and bilinear fractions: records.py) to its entry.  The order inside
-a bucket varies run to run; the gather's integer sums (gather_kernel.py)
+a bucket varies run to run; the gather's integer sums (gather.py)
 do not depend on it."""
 import triton
 import triton.language as tl
