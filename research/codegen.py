@@ -1,7 +1,7 @@
 """Ahead-of-time compilation of the MSDA kernels for GPUs that are not here.
 
 Each variant is compiled with exactly the arguments the launcher passes: the
-call is recorded from launch.py on meta tensors, then specialised the way
+call is recorded from the launchers on meta tensors, then specialised the way
 ``JITFunction.run`` does it (pointer alignment, 16-divisible ints, ints equal
 to 1 becoming constexprs) and compiled for the chosen sm target.  The PTX and
 the SASS of the cubin (disassembled with the cuobjdump in Triton's wheel) say
@@ -31,23 +31,29 @@ from triton.compiler import ASTSource, make_backend
 from triton.runtime.jit import JITFunction, create_function_from_signature
 
 from bench.op.presets import PRESETS
-from msda_mm.ops import launch
-from msda_mm.ops.msda import resolve_fp32_grad_accum
+from msda_mm.ops import resolve_fp32_grad_accum
+from msda_mm.ops.backward import launcher as backward_launcher
+from msda_mm.ops.deterministic import buckets, grad_value
+from msda_mm.ops.forward import launcher as forward_launcher
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 KERNELS = ("fwd", "fwd_pairs", "bwd", "bound", "bucket_fill", "gather", "stable_bwd",
            "sorted_fill", "stable_gather")
-# The deterministic backward's grad_value kernels (bound_kernel.py, bucket_kernels.py;
-# sorted_buckets.py and the gather's float pass for the stable sort).
+# The deterministic backward's grad_value kernels (msda_mm/ops/deterministic/: the
+# counting sort's; the stable sort's and the gather's float pass).
 DET_KERNELS = KERNELS[3:]
 # The stable sort's, compiled for the encoder's call (its rows take it).
 STABLE_KERNELS = KERNELS[6:]
-# Each KERNELS name's attribute in launch.py.
-_LAUNCH_NAMES = {"fwd": "msda_fwd_kernel", "fwd_pairs": "msda_fwd_pairs_kernel",
-                 "bwd": "msda_bwd_kernel", "bound": "grad_value_bound_kernel",
-                 "bucket_fill": "bucket_fill_kernel", "gather": "grad_value_gather_kernel",
-                 "stable_bwd": "msda_bwd_kernel", "sorted_fill": "sorted_fill_kernel",
-                 "stable_gather": "grad_value_gather_kernel"}
+# Each KERNELS name's launcher module and the kernel's attribute there.
+_LAUNCHED = {"fwd": (forward_launcher, "msda_fwd_kernel"),
+             "fwd_pairs": (forward_launcher, "msda_fwd_pairs_kernel"),
+             "bwd": (backward_launcher, "msda_bwd_kernel"),
+             "bound": (buckets, "grad_value_bound_kernel"),
+             "bucket_fill": (buckets, "bucket_fill_kernel"),
+             "gather": (grad_value, "grad_value_gather_kernel"),
+             "stable_bwd": (backward_launcher, "msda_bwd_kernel"),
+             "sorted_fill": (buckets, "sorted_fill_kernel"),
+             "stable_gather": (grad_value, "grad_value_gather_kernel")}
 
 # The mmdet default call (Deformable DETR decoder on a COCO image, D = 32,
 # L = K = 4); a variant only swaps the head dim.  Only the strides and the
@@ -139,7 +145,7 @@ def variants(archs, dtypes, head_dims, kernels=KERNELS, softmax=(False,)) -> lis
 
 
 class _Recorder:
-    """Stands in for a kernel in launch.py: ``kernel[grid](*args, **kwargs)``
+    """Stands in for a launcher's kernel: ``kernel[grid](*args, **kwargs)``
     records the call instead of running it."""
 
     def __init__(self, fn):
@@ -154,7 +160,7 @@ class _Recorder:
 
 
 def _recorded_launch(v: Variant):
-    """(kernel, args, kwargs) as launch.py passes them for this variant:
+    """(kernel, args, kwargs) as the launchers pass them for this variant:
     its tile choice, num_warps, argument order and contiguous strides."""
     shape = v.shape
     B, S, Q, M = shape.batch, shape.num_values, shape.num_queries, shape.heads
@@ -165,22 +171,22 @@ def _recorded_launch(v: Variant):
 
     inputs = (empty(B, S, M, D), empty(L, 2, dtype=torch.int64), empty(L, dtype=torch.int64),
               empty(B, Q, M, L, K, 2), empty(B, Q, M, L, K))
-    name = _LAUNCH_NAMES[v.kernel]
     # Every kernel only records its call; as on a GPU of this arch: PDL from
     # sm_90 on, behind the fill kernel.
-    recorders = {n: _Recorder(getattr(launch, n).fn) for n in _LAUNCH_NAMES.values()}
-    recorder = recorders[name]
+    recorders = {launched: _Recorder(getattr(*launched).fn) for launched in _LAUNCHED.values()}
+    recorder = recorders[_LAUNCHED[v.kernel]]
     with contextlib.ExitStack() as stack:
-        for n, r in recorders.items():
-            stack.enter_context(mock.patch.object(launch, n, r))
-        stack.enter_context(mock.patch.object(launch, "fill_zeros", lambda t: v.arch >= 90))
+        for (module, name), r in recorders.items():
+            stack.enter_context(mock.patch.object(module, name, r))
+        stack.enter_context(mock.patch.object(backward_launcher, "fill_zeros",
+                                              lambda t: v.arch >= 90))
         if v.kernel.startswith("fwd"):
-            launch.msda_forward(*inputs, softmax=v.softmax)
+            forward_launcher.launch_forward(*inputs, softmax=v.softmax)
         else:
-            launch.msda_backward(empty(B, Q, M * D), *inputs, v.fp32_accum, v.deterministic,
-                                 v.softmax)
+            backward_launcher.launch_backward(empty(B, Q, M * D), *inputs, v.fp32_accum,
+                                              v.deterministic, v.softmax)
     if recorder.call is None:
-        raise RuntimeError(f"the launcher did not pick {name} for {v}")
+        raise RuntimeError(f"the launcher did not pick {_LAUNCHED[v.kernel][1]} for {v}")
     return (recorder.fn, *recorder.call)
 
 

@@ -8,7 +8,7 @@ For each preset, dtype and location distribution, in one process: the
 default backward (float atomics, the op's own accumulation), the
 deterministic backward with the launcher's sort and tiles, with each of
 --gather-tiles (grad_value_gather_kernel's BLOCK_SxWARPSxBLOCK_E) and with
-each of --sorts (launch.deterministic_sort's answers, whatever the rows'
+each of --sorts (Tiles.deterministic_sort's answers, whatever the rows'
 density), timed as the benchmark times (graph_us: CUDA-graph replay of one
 backward after an L2 flush, median).  Each deterministic grad_value is
 compared bit for bit with a second run of the same call (repeatable), the
@@ -38,8 +38,9 @@ from bench.op.presets import PRESETS  # noqa: E402
 from bench.op.report import write_results  # noqa: E402
 from bench.op.run import DTYPES  # noqa: E402
 from bench.op.timing import graph_times_us, kernel_spans  # noqa: E402
-from msda_mm.ops import launch  # noqa: E402
-from msda_mm.ops.msda import resolve_fp32_grad_accum  # noqa: E402
+from msda_mm.ops import resolve_fp32_grad_accum  # noqa: E402
+from msda_mm.ops.backward.launcher import launch_backward  # noqa: E402
+from msda_mm.ops.tiles import SORTS, TUNED, Tiles  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -51,7 +52,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                         default=DISTRIBUTIONS)
     parser.add_argument("--gather-tiles", type=tiles("BLOCK_SxWARPSxBLOCK_E", "2x1x16"),
                         default=[], help="gather tiles to time besides the launcher's")
-    parser.add_argument("--sorts", type=names(launch._SORTS), default=(),
+    parser.add_argument("--sorts", type=names(SORTS), default=(),
                         help="deterministic sorts to time besides the launcher's choice")
     parser.add_argument("--budget-ms", type=float, default=300.0,
                         help="time spent repeating each timed call (default 300)")
@@ -71,17 +72,17 @@ def kernel_split_us(fn, device: torch.device, reps: int) -> dict[str, float]:
 
 
 def _backward(inputs, deterministic: bool, tile=None, sort=None):
-    """A call of launch.msda_backward on ``inputs`` (the op's own
-    accumulation for the default backward; ``tile`` the gather's, ``sort``
-    the deterministic sort); returns grad_value."""
+    """A call of launch_backward on ``inputs`` (the op's own accumulation
+    for the default backward; ``tile`` the gather's, ``sort`` the
+    deterministic sort); returns grad_value."""
     accum = resolve_fp32_grad_accum(inputs.value, None)
+    tiles = Tiles(gather=tile, sort=sort)
 
     def call():
-        with launch.tile_override(gather=tile, sort=sort):
-            return launch.msda_backward(
-                inputs.grad_output, inputs.value, inputs.spatial_shapes,
-                inputs.level_start_index, inputs.sampling_locations, inputs.attention_weights,
-                accum, deterministic)[0]
+        return launch_backward(
+            inputs.grad_output, inputs.value, inputs.spatial_shapes, inputs.level_start_index,
+            inputs.sampling_locations, inputs.attention_weights, accum, deterministic,
+            tiles=tiles)[0]
     return call
 
 
@@ -96,7 +97,7 @@ def measure(preset, dtype, distribution, device, tiles, sorts, budget_ms,
         calls[f"{sort} sort"] = _backward(inputs, True, sort=sort)
     _, Q, _, L, K, _ = inputs.sampling_locations.shape
     row = dict(preset=preset, dtype=dtype, distribution=distribution,
-               sort=launch.deterministic_sort(inputs.value, Q * L * K))
+               sort=TUNED.deterministic_sort(inputs.value, Q * L * K))
     reference = reference_fp64(inputs)[1]
     first = calls["deterministic"]()
     row["bitwise_equal"] = {name: bool(torch.equal(calls[name](), first))

@@ -37,7 +37,8 @@ from bench.op.presets import PRESETS  # noqa: E402
 from bench.op.report import write_results  # noqa: E402
 from bench.op.run import DTYPES, preset_inputs  # noqa: E402
 from bench.op.timing import eager_times_us, graph_times_us, peak_memory_mb  # noqa: E402
-from msda_mm.ops import launch, multi_scale_deformable_attention, point_softmax  # noqa: E402
+from msda_mm.ops import multi_scale_deformable_attention, point_softmax  # noqa: E402
+from msda_mm.ops.runtime import interpreter_enabled  # noqa: E402
 
 MODES = ("unfused", "fused")
 # Numbers each mode gets, and the saving (unfused - fused) of each.
@@ -54,7 +55,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="timing budget per measurement (default 100)")
     parser.add_argument("--out", type=Path, default=Path("benchmarks"))
     args = parser.parse_args(argv)
-    if args.device == "cpu" and not launch.interpreter_enabled():
+    if args.device == "cpu" and not interpreter_enabled():
         # The op would run the PyTorch reference: no kernel to fuse into.
         parser.error("--device cpu needs TRITON_INTERPRET=1 (the kernels in Triton's "
                      "interpreter)")

@@ -33,8 +33,8 @@ from bench.op.report import slug, write_json  # noqa: E402
 from bench.op.run import DTYPES  # noqa: E402
 from bench.op.timing import graph_times_us, kernel_times_us  # noqa: E402
 from msda_mm import multi_scale_deformable_attention  # noqa: E402
-from msda_mm.ops import launch  # noqa: E402
-from msda_mm.ops.msda import resolve_fp32_grad_accum  # noqa: E402
+from msda_mm.ops import resolve_fp32_grad_accum  # noqa: E402
+from msda_mm.ops.backward.launcher import launch_backward  # noqa: E402
 from msda_mm.parity.report import device_name, environment  # noqa: E402
 from research.gather import corner_rows, distinct_rows, gather_sum  # noqa: E402
 from research.scatter import scatter_add, zeroed  # noqa: E402
@@ -87,7 +87,7 @@ def _backward_runs(inputs, rows: torch.Tensor, tiles) -> dict:
         return zeroed(value.shape, accum_dtype, value.device)
 
     fill_bytes = filled.numel() * filled.element_size()
-    runs = {"msda_mm backward": (lambda: launch.msda_backward(
+    runs = {"msda_mm backward": (lambda: launch_backward(
                 grad_out, value, inputs.spatial_shapes, inputs.level_start_index,
                 inputs.sampling_locations, inputs.attention_weights, fp32_accum), nbytes),
             "zero fill": (fill, fill_bytes),

@@ -24,14 +24,20 @@ import torch
 
 from bench.op.inputs import MSDAInputs
 from bench.op.timing import autograd_floor_us, eager_times_us
-from msda_mm.ops import launch, multi_scale_deformable_attention
+from msda_mm.ops import multi_scale_deformable_attention, resolve_fp32_grad_accum
+from msda_mm.ops.backward import launcher as backward_launcher
+from msda_mm.ops.backward import zero_fill
+from msda_mm.ops.deterministic import buckets, grad_value
 from msda_mm.ops.fast_launch import FastLaunch
-from msda_mm.ops.msda import resolve_fp32_grad_accum
+from msda_mm.ops.forward import launcher as forward_launcher
 from msda_mm.ops.validate import check_inputs
 from research.scatter import zeroed
 
-# launch.py's kernels, by the names it launches them under.
-_KERNELS = tuple(name for name, obj in vars(launch).items() if isinstance(obj, FastLaunch))
+# The launchers' kernels, as (module, name) of each FastLaunch they launch.
+_KERNELS = tuple((module, name)
+                 for module in (forward_launcher, backward_launcher, zero_fill, buckets,
+                                grad_value)
+                 for name, obj in vars(module).items() if isinstance(obj, FastLaunch))
 # Pieces named so are timed inside no_launches() / ordinary_launches()
 # (entered once around the timing, so that patching costs nothing per call).
 NO_LAUNCH = ", no launch"
@@ -60,25 +66,26 @@ class _NoLaunch:
 
 
 @contextlib.contextmanager
-def _kernels_replaced(replacement: Callable[[str], object]):
-    """Inside this block launch.py's kernel ``name`` is ``replacement(name)``."""
+def _kernels_replaced(replacement: Callable[[FastLaunch], object]):
+    """Inside this block each launcher's kernel is ``replacement(kernel)``."""
     with contextlib.ExitStack() as stack:
-        for name in _KERNELS:
-            stack.enter_context(mock.patch.object(launch, name, replacement(name)))
+        for module, name in _KERNELS:
+            stack.enter_context(mock.patch.object(module, name,
+                                                  replacement(getattr(module, name))))
         yield
 
 
 def no_launches():
-    """Inside this block launch.py's kernels launch nothing (outputs stay
+    """Inside this block the launchers' kernels launch nothing (outputs stay
     uninitialised): what the launchers cost without Triton's launch."""
-    return _kernels_replaced(lambda name: _NoLaunch())
+    return _kernels_replaced(lambda kernel: _NoLaunch())
 
 
 def ordinary_launches():
-    """Inside this block launch.py launches its kernels through Triton's
+    """Inside this block the launchers launch their kernels through Triton's
     ``JITFunction.run`` every time instead of FastLaunch's kept compiled
     kernels: FastLaunch's saving is the difference."""
-    return _kernels_replaced(lambda name: getattr(launch, name).fn)
+    return _kernels_replaced(lambda kernel: kernel.fn)
 
 
 _PATCHES = {NO_LAUNCH: no_launches, ORDINARY_LAUNCH: ordinary_launches}
@@ -98,8 +105,8 @@ def pieces(inputs: MSDAInputs) -> dict[str, Callable[[], object]]:
                                                 loc, attn)
 
     def forward():
-        return launch.msda_forward(x.value, x.spatial_shapes, x.level_start_index,
-                                   x.sampling_locations, x.attention_weights)
+        return forward_launcher.launch_forward(x.value, x.spatial_shapes, x.level_start_index,
+                                               x.sampling_locations, x.attention_weights)
 
     def op_grad():
         return torch.autograd.grad(op(), (value, loc, attn), x.grad_output)
@@ -109,20 +116,20 @@ def pieces(inputs: MSDAInputs) -> dict[str, Callable[[], object]]:
             return op_grad()
 
     def backward():
-        return launch.msda_backward(x.grad_output, x.value, x.spatial_shapes,
-                                    x.level_start_index, x.sampling_locations,
-                                    x.attention_weights, accum)
+        return backward_launcher.launch_backward(x.grad_output, x.value, x.spatial_shapes,
+                                                 x.level_start_index, x.sampling_locations,
+                                                 x.attention_weights, accum)
 
     return {
         "op forward": op,
         "op forward + autograd.grad": op_grad,
         "op forward + autograd.grad, backward on the calling thread": op_grad_on_caller_thread,
-        "launch.msda_forward": forward,
-        "launch.msda_forward" + ORDINARY_LAUNCH: forward,
-        "launch.msda_forward" + NO_LAUNCH: forward,
-        "launch.msda_backward": backward,
-        "launch.msda_backward" + ORDINARY_LAUNCH: backward,
-        "launch.msda_backward" + NO_LAUNCH: backward,
+        "launch_forward": forward,
+        "launch_forward" + ORDINARY_LAUNCH: forward,
+        "launch_forward" + NO_LAUNCH: forward,
+        "launch_backward": backward,
+        "launch_backward" + ORDINARY_LAUNCH: backward,
+        "launch_backward" + NO_LAUNCH: backward,
         "check_inputs": lambda: check_inputs(value, x.spatial_shapes, x.level_start_index,
                                              loc, attn),
         "zeroed (grad_value)": lambda: zeroed(

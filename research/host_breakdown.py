@@ -31,10 +31,10 @@ from bench.op.cli import names  # noqa: E402
 from bench.op.presets import PRESETS  # noqa: E402
 from bench.op.report import write_results  # noqa: E402
 from bench.op.run import DTYPES, preset_inputs  # noqa: E402
-from msda_mm.ops import launch  # noqa: E402
+from msda_mm.ops.runtime import interpreter_enabled  # noqa: E402
 from research.host import host_breakdown, pieces  # noqa: E402
 
-_PROFILED = ("launch.msda_forward", "launch.msda_backward")
+_PROFILED = ("launch_forward", "launch_backward")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -54,7 +54,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if min(args.profile_calls, args.torch_profile_calls) < 0 or args.top < 1:
         parser.error("--profile-calls and --torch-profile-calls must be >= 0, --top >= 1")
-    if args.device == "cpu" and not launch.interpreter_enabled():
+    if args.device == "cpu" and not interpreter_enabled():
         # The op would run the PyTorch reference and the launchers fail.
         parser.error("--device cpu needs TRITON_INTERPRET=1 (the kernels in Triton's "
                      "interpreter)")

@@ -15,14 +15,14 @@ import torch
 import triton
 import triton.language as tl
 
-from msda_mm.ops import launch
+from msda_mm.ops.backward.zero_fill import fill_zeros
 from research.gather import check_row_tile
 
 
 def zeroed(shape, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """torch.zeros through the backward's own fill (launch.fill_zeros)."""
+    """torch.zeros through the backward's own fill (fill_zeros)."""
     out = torch.empty(shape, dtype=dtype, device=device)
-    launch.fill_zeros(out)
+    fill_zeros(out)
     return out
 
 

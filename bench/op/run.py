@@ -8,7 +8,8 @@ from typing import Callable, Iterator, Optional
 
 import torch
 
-from msda_mm.ops import launch, resolve_fp32_grad_accum
+from msda_mm.ops import resolve_fp32_grad_accum
+from msda_mm.ops.tiles import tile_override
 
 from .cell import measure, reference_fp64
 from .impls import bind, routed, tiled, unavailable
@@ -69,7 +70,7 @@ def _cell(cfg: Config, preset: Preset, dist: str, dtype_name: str, impl: str,
             record["fp32_grad_accum"] = resolve_fp32_grad_accum(inputs.value,
                                                                 cfg.fp32_grad_accum)
         fn = bind(impl, inputs, cfg.fp32_grad_accum)
-        with launch.tile_override(**tiles), routed(impl):
+        with tile_override(**tiles), routed(impl):
             measure(record, fn, inputs, reference, preset, cfg.budget_ms)
     except Exception as exc:  # one cell's failure (OOM, compile error) must not end the run
         record.update(status="error", note=_describe(exc))

@@ -19,7 +19,7 @@ from __future__ import annotations
 from triton.compiler import CompiledKernel
 
 # What an ordinary launch must return for it to be kept (a test hook).
-_COMPILED = (CompiledKernel,)
+COMPILED = (CompiledKernel,)
 
 
 def specialisation_key(args: tuple, kwargs: dict, pointers: int) -> tuple:
@@ -32,8 +32,8 @@ def specialisation_key(args: tuple, kwargs: dict, pointers: int) -> tuple:
     arguments (constexprs and options) in the order given.  What the key
     leaves out, the launchers keep fixed: the type of each argument (no bool
     where an int was, no float), and every tensor on the first one's device.
-    Split so, the backward's 45 arguments take 2.7 us against 10.5 for a
-    type and a test per argument (dev CPU)."""
+    Split so, the backward's 45 arguments take about a quarter of the time
+    of a type and a test per argument (docs/design.md)."""
     return (args[0].get_device(),
             tuple([None if a is None else (a.dtype, not a.data_ptr() & 15)
                    for a in args[:pointers]]),
@@ -44,7 +44,7 @@ class FastLaunch:
     """``FastLaunch(jit_fn)[grid](*args, **kwargs)`` launches like
     ``jit_fn[grid](*args, **kwargs)``.
 
-    What it assumes of its callers (launch.py's launchers): the grid is a
+    What it assumes of its callers (the launchers): the grid is a
     tuple; constexprs and options come as keyword arguments, every
     constexpr given (none left to its default), everything else
     positionally; launches run on the tensors' device (the launchers'
@@ -60,7 +60,7 @@ class FastLaunch:
 
     def __init__(self, fn):
         self.fn = fn
-        self._kernels: dict = {}
+        self.kept: dict = {}  # key -> (compiled kernel, constexpr names)
         # The leading pointer parameters: msda_mm's kernels name them *ptr.
         self.pointers = next((i for i, name in enumerate(fn.arg_names)
                               if not name.endswith("ptr")), len(fn.arg_names))
@@ -82,14 +82,14 @@ class FastLaunch:
 
     def _launch(self, grid, args: tuple, kwargs: dict) -> None:
         key = specialisation_key(args, kwargs, self.pointers)
-        kept = self._kernels.get(key)
+        kept = self.kept.get(key)
         if kept is None:
             kernel = self.fn[grid](*args, **kwargs)
-            if isinstance(kernel, _COMPILED):
-                if len(self._kernels) >= self.MAX_KERNELS:
-                    self._kernels.clear()
+            if isinstance(kernel, COMPILED):
+                if len(self.kept) >= self.MAX_KERNELS:
+                    self.kept.clear()
                 # The constexprs' names are fixed per key: kept, not sliced each launch.
-                self._kernels[key] = (kernel, self.constexpr_names(args))
+                self.kept[key] = (kernel, self.constexpr_names(args))
             return
         kernel, names = kept
         # JITFunction.run pads the grid to three dimensions; the compiled

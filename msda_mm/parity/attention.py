@@ -29,7 +29,7 @@ from torch import nn
 
 from ..compat import MMCV_LITE, mmcv_cuda_build, mmcv_cuda_switch
 from ..models import TritonMSDeformAttn
-from ..ops import launch
+from ..ops.runtime import interpreter_enabled
 
 # isort: split
 from mmcv.ops import MultiScaleDeformableAttention, multi_scale_deform_attn
@@ -46,7 +46,7 @@ _COMPILED = "mmcv CUDA kernels (compiled mmcv)"
 def _triton(device: torch.device) -> str:
     if device.type == "cuda":
         return "msda_mm Triton kernels"
-    if launch.interpreter_enabled():
+    if interpreter_enabled():
         return "msda_mm Triton kernels (Triton interpreter)"
     return "msda_mm PyTorch reference (CPU)"
 

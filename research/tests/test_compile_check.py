@@ -130,7 +130,7 @@ def test_deterministic_grad_value_kernels_add_in_registers(tmp_path):
 def test_wide_heads_do_not_spill(tmp_path):
     # D = 256 (one head of 256): one warp per program held 4 x 16 x 256
     # corner values and spilled (14 registers native, 236 with fp32
-    # accumulation); launch._tile adds warps instead (the int64 rows too).
+    # accumulation); Tiles.tile adds warps instead (the int64 rows too).
     for row in _compile_check(tmp_path / "rows.json", "--archs", "90", "--head-dims", "256"):
         assert row["spill_stores"] == 0 and row["spill_loads"] == 0, row
 

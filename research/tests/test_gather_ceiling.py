@@ -118,7 +118,7 @@ def test_tool_times_the_forward_backward_gathers_and_atomics(tmp_path):
     # The fill moves grad_value (bf16, native atomics on the H200), not the rows.
     # Its element size is the accumulation's (bf16 natively; fp32 where the
     # op picks fp32 scratch, below sm_90).
-    from msda_mm.ops.msda import bf16_atomics_are_slow
+    from msda_mm.ops import bf16_atomics_are_slow
     p, accum_bytes = PRESETS["decoder"], 4 if bf16_atomics_are_slow(torch.device("cuda")) else 2
     assert cells[5]["moved_mb"] == pytest.approx(p.batch * p.num_values * p.heads * p.head_dim
                                                  * accum_bytes / 1e6)

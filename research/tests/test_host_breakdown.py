@@ -11,7 +11,8 @@ import torch
 
 from bench.op.inputs import make_inputs
 from bench.op.presets import PRESETS
-from msda_mm.ops import launch
+from msda_mm.ops.backward.launcher import launch_backward
+from msda_mm.ops.forward.launcher import launch_forward
 from research import host
 
 
@@ -22,40 +23,40 @@ def _main(argv):
 
 def test_no_launches_skips_the_kernels_and_restores_them():
     inputs = make_inputs(PRESETS["tiny"], "uniform", seed=0)
-    kernels = [getattr(launch, name) for name in host._KERNELS]
+    kernels = [getattr(module, name) for module, name in host._KERNELS]
     with host.no_launches():
         # Uninitialised outputs: NaN-filled buffers stay NaN if no kernel runs.
         with mock.patch.object(torch.Tensor, "new_empty",
                                lambda t, *size: torch.full(size, float("nan"), dtype=t.dtype)):
-            fwd = launch.msda_forward(inputs.value, inputs.spatial_shapes,
-                                      inputs.level_start_index, inputs.sampling_locations,
-                                      inputs.attention_weights)
+            fwd = launch_forward(inputs.value, inputs.spatial_shapes,
+                                 inputs.level_start_index, inputs.sampling_locations,
+                                 inputs.attention_weights)
         assert torch.isnan(fwd).all()
         empty = torch.empty
         with mock.patch.object(torch, "empty", lambda *size, **kw: empty(*size, **kw).fill_(
                 float("nan"))):
-            out = launch.msda_backward(inputs.grad_output, inputs.value, inputs.spatial_shapes,
-                                       inputs.level_start_index, inputs.sampling_locations,
-                                       inputs.attention_weights, False)
+            out = launch_backward(inputs.grad_output, inputs.value, inputs.spatial_shapes,
+                                  inputs.level_start_index, inputs.sampling_locations,
+                                  inputs.attention_weights, False)
     # Neither the fill (zero_fill_kernel in the interpreter) nor the
     # backward kernel ran: grad_value is as allocated.
     assert torch.isnan(out[0]).all()
-    assert [getattr(launch, name) for name in host._KERNELS] == kernels
-    real = launch.msda_backward(inputs.grad_output, inputs.value, inputs.spatial_shapes,
-                                inputs.level_start_index, inputs.sampling_locations,
-                                inputs.attention_weights, False)
+    assert [getattr(module, name) for module, name in host._KERNELS] == kernels
+    real = launch_backward(inputs.grad_output, inputs.value, inputs.spatial_shapes,
+                           inputs.level_start_index, inputs.sampling_locations,
+                           inputs.attention_weights, False)
     assert torch.count_nonzero(real[0]) > 0
 
 
 def test_ordinary_launches_bypass_fast_launch_and_restore_it():
-    fast = [getattr(launch, name) for name in host._KERNELS]
+    fast = [getattr(module, name) for module, name in host._KERNELS]
     with host.ordinary_launches():
-        assert [getattr(launch, name) for name in host._KERNELS] == [f.fn for f in fast]
+        assert [getattr(module, name) for module, name in host._KERNELS] == [f.fn for f in fast]
         inputs = make_inputs(PRESETS["tiny"], "uniform", seed=0)
-        out = launch.msda_forward(inputs.value, inputs.spatial_shapes, inputs.level_start_index,
-                                  inputs.sampling_locations, inputs.attention_weights)
-    assert [getattr(launch, name) for name in host._KERNELS] == fast
-    torch.testing.assert_close(out, launch.msda_forward(
+        out = launch_forward(inputs.value, inputs.spatial_shapes, inputs.level_start_index,
+                             inputs.sampling_locations, inputs.attention_weights)
+    assert [getattr(module, name) for module, name in host._KERNELS] == fast
+    torch.testing.assert_close(out, launch_forward(
         inputs.value, inputs.spatial_shapes, inputs.level_start_index,
         inputs.sampling_locations, inputs.attention_weights), rtol=0, atol=0)
 
@@ -70,14 +71,14 @@ def test_tool_times_every_piece(tmp_path, capsys):
     assert list(cell["host_us"]) == list(host.pieces(inputs))  # no floor on CPU
     assert all(us > 0 for us in cell["host_us"].values())
     # The interpreter runs the kernel in Python: far slower than no launch.
-    assert cell["host_us"]["launch.msda_backward"] > 10 * cell["host_us"][
-        "launch.msda_backward, no launch"]
-    assert set(cell["profiles"]) == {"launch.msda_forward", "launch.msda_backward"}
-    assert "cProfile of 1 x launch.msda_backward" in capsys.readouterr().out
+    assert cell["host_us"]["launch_backward"] > 10 * cell["host_us"][
+        "launch_backward, no launch"]
+    assert set(cell["profiles"]) == {"launch_forward", "launch_backward"}
+    assert "cProfile of 1 x launch_backward" in capsys.readouterr().out
     # The autograd node of the op's backward is among the events, once a call.
     rows = cell["torch_profile"]
     assert len(rows) == 3 and all(r["self_us"] > 0 for r in rows)
-    assert any(r["name"] == "_EagerMSDABackward" and r["calls"] == 1 for r in rows), rows
+    assert any(r["name"] == "EagerMSDABackward" and r["calls"] == 1 for r in rows), rows
 
 
 @pytest.mark.gpu
@@ -88,12 +89,12 @@ def test_tool_on_cuda_measures_the_floor_and_the_launches(tmp_path):
     cell, = json.loads(path.read_text())["cells"]
     times = cell["host_us"]
     assert times["floor, backward in Python"] > times["floor: x * 2 + autograd.grad"] > 0
-    assert times["launch.msda_backward"] > times["launch.msda_backward, no launch"] > 0
+    assert times["launch_backward"] > times["launch_backward, no launch"] > 0
     # The backward node runs on autograd's CUDA thread: the profile has it.
     # Triton launches through cuLaunchKernelEx where it sets launch
     # attributes (the backward's PDL), cuLaunchKernel otherwise.
     names = {r["name"] for r in cell["torch_profile"]}
-    assert "_EagerMSDABackward" in names, names
+    assert "EagerMSDABackward" in names, names
     assert names & {"cuLaunchKernel", "cuLaunchKernelEx"}, names
     assert times["op forward + autograd.grad, backward on the calling thread"] > 0
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from msda_mm.ops import launch
+from msda_mm.ops.deterministic.buckets import grad_value_bound
 
 MAGIC = 1.5 * 2**23
 C_MAX = 2.0**120
@@ -94,7 +94,7 @@ def fixed_point_grad_value(value, spatial_shapes, loc, attn, grad_out) -> torch.
     acc = torch.float64 if torch.float64 in (value.dtype, loc.dtype, attn.dtype) else torch.float32
     fp32_terms = value.element_size() == 2 and acc == torch.float32
     go = grad_out.unflatten(-1, (M, D))
-    ok = _exponent(launch.grad_value_bound(go, attn)) <= (1023 if acc == torch.float64 else 127)
+    ok = _exponent(grad_value_bound(go, attn)) <= (1023 if acc == torch.float64 else 127)
     go = go.to(acc)
     g = go.abs().amax(-1)
     kq = _exponent(g).clamp(-_limit(acc), _limit(acc))[..., None]  # (B, Q, M, 1): over K

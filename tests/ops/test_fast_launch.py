@@ -13,7 +13,9 @@ import torch
 from triton.compiler import CompiledKernel
 from triton.compiler import compiler as triton_compiler
 
-from msda_mm.ops import fast_launch, kernels, launch
+from msda_mm.ops import fast_launch
+from msda_mm.ops.backward import launcher as backward_launcher
+from msda_mm.ops.backward.kernels import zero_fill_kernel
 from msda_mm.ops.fast_launch import FastLaunch, specialisation_key
 
 
@@ -41,7 +43,7 @@ class _JitFn:
 
 @pytest.fixture
 def jit_fn(monkeypatch):
-    monkeypatch.setattr(fast_launch, "_COMPILED", (_Compiled,))
+    monkeypatch.setattr(fast_launch, "COMPILED", (_Compiled,))
     return _JitFn()
 
 
@@ -85,21 +87,21 @@ def test_equal_properties_share_a_key_and_the_cache_is_bounded(jit_fn, monkeypat
     fast = FastLaunch(jit_fn)
     for n in (1, 2, 3):  # the third key starts the cache over
         fast[(1,)](a, n, BLOCK=4, PDL=False)
-    assert len(fast._kernels) == 1
+    assert len(fast.kept) == 1
     fast[(1,)](a, 3, BLOCK=4, PDL=False)
     assert jit_fn.calls[-1][0] == "compiled"
 
 
 def test_interpreted_kernels_are_never_kept():
     # The interpreter returns no compiled kernel: every launch runs it.
-    fast = FastLaunch(kernels.zero_fill_kernel)
+    fast = FastLaunch(zero_fill_kernel)
     words = torch.full((40,), -1, dtype=torch.int32)
     for _ in range(2):
         fast[(2,)](words, 40, BLOCK=16, PDL=False, num_warps=1)
         assert not words.any()
         words.fill_(-1)
-    assert fast._kernels == {}
-    assert isinstance(launch.msda_bwd_kernel, FastLaunch)
+    assert fast.kept == {}
+    assert isinstance(backward_launcher.msda_bwd_kernel, FastLaunch)
 
 
 def test_triton_compiled_kernels_runner_gets_a_whole_grid(monkeypatch):
@@ -139,7 +141,7 @@ import torch
 from triton.backends.compiler import GPUTarget
 from triton.compiler import make_backend
 from triton.runtime.jit import create_function_from_signature
-from msda_mm.ops import kernels
+from msda_mm.ops.backward.kernels import zero_fill_kernel
 from research import codegen as cc
 from msda_mm.ops.fast_launch import FastLaunch
 backend = make_backend(GPUTarget("cuda", 90, 32))
@@ -147,7 +149,7 @@ def same(a, b):
     return a is b if isinstance(a, torch.Tensor) else a == b
 calls = [cc._recorded_launch(v) for v in cc.variants([90], ["bf16", "fp32"], [32])]
 words = torch.empty(10, dtype=torch.int32, device="meta")
-calls.append((kernels.zero_fill_kernel, (words, 10), dict(PDL=True, BLOCK=4096, num_warps=4)))
+calls.append((zero_fill_kernel, (words, 10), dict(PDL=True, BLOCK=4096, num_warps=4)))
 for fn, args, kwargs in calls:
     bound = create_function_from_signature(fn.signature, fn.params, backend)(*args, **kwargs)[0]
     mine = FastLaunch(fn).full_args(args, kwargs)

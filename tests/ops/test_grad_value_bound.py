@@ -4,7 +4,7 @@ included."""
 import pytest
 import torch
 
-from msda_mm.ops import launch
+from msda_mm.ops.deterministic.buckets import grad_value_bound
 
 DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
 
@@ -35,7 +35,7 @@ def _close(bound, go, w):
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_bound_kernel_matches_the_formula(dtype):
     go, w = _inputs(dtype)
-    bound = launch.grad_value_bound(go, w)
+    bound = grad_value_bound(go, w)
     assert bound.dtype == torch.float64 and bound.shape == (2, 3)
     _close(bound, go, w)
 
@@ -45,19 +45,19 @@ def test_bound_kernel_stores_each_querys_largest_grad_output(dtype):
     # The 16-bit gather's per-query scale: max_d |go|, exact in fp32.
     go, w = _inputs(dtype)
     query_max = torch.full(go.shape[:3], float("nan"))
-    bound = launch.grad_value_bound(go, w, query_max)
+    bound = grad_value_bound(go, w, query_max)
     torch.testing.assert_close(query_max, go.float().abs().amax(-1), rtol=0, atol=0)
-    torch.testing.assert_close(bound, launch.grad_value_bound(go, w), rtol=0, atol=0)
+    torch.testing.assert_close(bound, grad_value_bound(go, w), rtol=0, atol=0)
 
 
 def test_bound_kernel_takes_strided_inputs_and_one_query():
     go, w = _inputs(torch.float32, Q=1, D=40, L=3, K=5)
-    _close(launch.grad_value_bound(go, w), go, w)
+    _close(grad_value_bound(go, w), go, w)
     go, w = _inputs(torch.float32, Q=9)
     go_t = go.transpose(1, 2).contiguous().transpose(1, 2)  # (B, Q, M, D), Q-major strides
     w_t = w.permute(0, 1, 2, 4, 3).contiguous().permute(0, 1, 2, 4, 3)
     assert not go_t.is_contiguous() and not w_t.is_contiguous()
-    _close(launch.grad_value_bound(go_t, w_t), go, w)
+    _close(grad_value_bound(go_t, w_t), go, w)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
@@ -69,7 +69,7 @@ def test_non_finite_inputs_make_only_their_heads_inf_or_nan(dtype):
     go[1, 4, 0, 0] = float("inf")  # head (1, 0): inf times zero weights is NaN
     w[1, 4, 0] = 0.0
     go[1, 6, 1, 0] = 1e30 if dtype == torch.float32 else 1e38  # head (1, 1): finite, huge
-    bound = launch.grad_value_bound(go, w)
+    bound = grad_value_bound(go, w)
     assert bound[0, 0].isinf() and bound[0, 1].isnan() and bound[1, 2].isnan()
     assert bound[1, 0].isnan() and bound[1, 1].isfinite() and bound[0, 2].isfinite()
     _close(bound, go, w)
@@ -78,5 +78,5 @@ def test_non_finite_inputs_make_only_their_heads_inf_or_nan(dtype):
 def test_bound_is_bitwise_the_same_whatever_the_query_order():
     go, w = _inputs(torch.float32, Q=200)
     perm = torch.randperm(200, generator=torch.Generator().manual_seed(1))
-    torch.testing.assert_close(launch.grad_value_bound(go[:, perm], w[:, perm]),
-                               launch.grad_value_bound(go, w), rtol=0, atol=0)
+    torch.testing.assert_close(grad_value_bound(go[:, perm], w[:, perm]),
+                               grad_value_bound(go, w), rtol=0, atol=0)

@@ -1,8 +1,13 @@
 """The launcher's choice of kernel and tile for a call's shapes and dtypes."""
 import pytest
 import torch
+import triton.language as tl
 
-from msda_mm.ops import launch
+from msda_mm.ops import runtime
+from msda_mm.ops.backward import launcher as backward_launcher
+from msda_mm.ops.backward import zero_fill
+from msda_mm.ops.backward.launcher import launch_backward, plan_backward
+from msda_mm.ops.tiles import TUNED, Tiles, current_tiles, tile_override
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32, torch.float64],
@@ -11,30 +16,30 @@ def test_forward_takes_one_query_per_program_only_on_small_16bit_grids(dtype):
     # fp32 decoders keep 2 queries a program (faster on the H200: docs/design.md).
     value = torch.empty(2, 100, 8, 32, dtype=dtype, device="meta")
     small = 1 if dtype != torch.float32 else 2
-    assert launch._tile("fwd", value, 16, rows=4 * 300 * 8)["BLOCK_Q"] == small
-    assert launch._tile("fwd", value, 16, rows=2 * 22223 * 8)["BLOCK_Q"] == 2
-    assert launch._tile("bwd", value, 16, rows=4 * 300 * 8)["BLOCK_Q"] == 1
+    assert TUNED.tile("fwd", value, 16, rows=4 * 300 * 8)["BLOCK_Q"] == small
+    assert TUNED.tile("fwd", value, 16, rows=2 * 22223 * 8)["BLOCK_Q"] == 2
+    assert TUNED.tile("bwd", value, 16, rows=4 * 300 * 8)["BLOCK_Q"] == 1
 
 
 def test_pairs_kernel_only_where_it_applies():
-    def tile(rows=1 << 20, dtype=torch.bfloat16, shape=(2, 100, 8, 32), acc=launch.tl.float32,
+    def tile(rows=1 << 20, dtype=torch.bfloat16, shape=(2, 100, 8, 32), acc=tl.float32,
              value=None):
         value = torch.empty(shape, dtype=dtype) if value is None else value
-        return launch._pairs_tile(value, rows, acc)
+        return current_tiles().pairs_tile(value, rows, acc)
 
     assert tile() == dict(BLOCK_Q=8, BLOCK_D=32, num_warps=1)
     assert tile(dtype=torch.float16, shape=(2, 100, 4, 64))["BLOCK_Q"] == 4
     assert tile(rows=9600) is None  # a decoder: msda_fwd_kernel, latency-bound
     assert tile(dtype=torch.float32) is None
-    assert tile(acc=launch.tl.float64) is None  # fp64 locations: fp64 accumulation
+    assert tile(acc=tl.float64) is None  # fp64 locations: fp64 accumulation
     assert tile(shape=(2, 100, 8, 31)) is None  # odd D
     assert tile(value=torch.empty(2, 100, 8, 33, dtype=torch.bfloat16)[..., :32]) is None
     assert tile(value=torch.empty(2, 100, 8, 32, dtype=torch.bfloat16).transpose(2, 3)) is None
     unaligned = torch.empty(2 * 100 * 8 * 32 + 1, dtype=torch.bfloat16)[1:]
     assert tile(value=unaligned.view(2, 100, 8, 32)) is None
-    with launch.tile_override(pairs=(2, 1)):
+    with tile_override(pairs=(2, 1)):
         assert tile(rows=9600)["BLOCK_Q"] == 2
-        with launch.tile_override(fwd=(1, 1, 16)):
+        with tile_override(fwd=(1, 1, 16)):
             assert tile() is None
 
 
@@ -51,12 +56,12 @@ def test_fill_zeros_zeroes_every_byte(monkeypatch, dtype, numel, kernel):
     # interpreter, two programs taking the grid-stride loop), the rest by
     # torch; either way every byte is 0, also where the buffer held garbage.
     launches = []
-    real = launch.zero_fill_kernel
-    monkeypatch.setattr(launch, "zero_fill_kernel", type("Spy", (), {
+    real = zero_fill.zero_fill_kernel
+    monkeypatch.setattr(zero_fill, "zero_fill_kernel", type("Spy", (), {
         "__getitem__": lambda self, grid: launches.append(grid) or real[grid]})())
     t = torch.empty(numel, dtype=dtype)
     t.view(torch.uint8).fill_(255)
-    assert launch.fill_zeros(t) is False  # no PDL without CUDA
+    assert zero_fill.fill_zeros(t) is False  # no PDL without CUDA
     assert not t.view(torch.uint8).any()
     assert len(launches) == int(kernel)
 
@@ -68,9 +73,9 @@ def test_backward_uses_pdl_only_behind_a_fill_that_armed_it(monkeypatch, filled_
     # predecessors have finished), so the backward takes PDL exactly when
     # fill_zeros says it armed it.
     calls = []
-    monkeypatch.setattr(launch, "fill_zeros",
+    monkeypatch.setattr(backward_launcher, "fill_zeros",
                         lambda t: calls.append(("fill", t.shape)) or filled_with_pdl)
-    monkeypatch.setattr(launch, "msda_bwd_kernel", type("Rec", (), {
+    monkeypatch.setattr(backward_launcher, "msda_bwd_kernel", type("Rec", (), {
         "__getitem__": lambda self, grid: lambda *a, **k: calls.append(
             ("bwd", k["PDL"], k["launch_pdl"]))})())
     B, S, Q, M, L, K, D = 1, 5, 2, 2, 1, 2, 8
@@ -78,9 +83,9 @@ def test_backward_uses_pdl_only_behind_a_fill_that_armed_it(monkeypatch, filled_
     def meta(*shape):
         return torch.empty(shape, device="meta")
 
-    launch.msda_backward(meta(B, Q, M * D), meta(B, S, M, D),
-                         torch.tensor([[1, 5]]), torch.tensor([0]),
-                         meta(B, Q, M, L, K, 2), meta(B, Q, M, L, K), False)
+    launch_backward(meta(B, Q, M * D), meta(B, S, M, D),
+                    torch.tensor([[1, 5]]), torch.tensor([0]),
+                    meta(B, Q, M, L, K, 2), meta(B, Q, M, L, K), False)
     assert calls == [("fill", (B, S, M, D)), ("bwd", filled_with_pdl, filled_with_pdl)]
 
 
@@ -90,19 +95,19 @@ def test_pdl_only_on_nvidia_sm90_outside_the_interpreter(monkeypatch):
     # also with CUDA tensors under TRITON_INTERPRET=1).
     cuda = torch.device("cuda", 0)
     capability = {}
-    monkeypatch.setattr(launch, "_device_facts", lambda index: (capability["cc"], 132))
+    monkeypatch.setattr(runtime, "device_facts", lambda index: (capability["cc"], 132))
     monkeypatch.setattr(torch.version, "hip", None)
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     for cc, want in (((9, 0), True), ((10, 0), True), ((8, 0), False)):
         capability["cc"] = cc
-        assert launch.pdl_available(cuda) is want, cc
-    assert not launch.pdl_available(torch.device("cpu"))
+        assert runtime.pdl_available(cuda) is want, cc
+    assert not runtime.pdl_available(torch.device("cpu"))
     capability["cc"] = (9, 0)
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    assert not launch.pdl_available(cuda)
+    assert not runtime.pdl_available(cuda)
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     monkeypatch.setattr(torch.version, "hip", "6.2")
-    assert not launch.pdl_available(cuda)
+    assert not runtime.pdl_available(cuda)
 
 
 @pytest.mark.parametrize("Q, S, want, sort", [(300, 22223, (32, 1, 1), "counting"),
@@ -114,21 +119,22 @@ def test_gather_tile_and_sort_follow_the_entries_per_value_row(Q, S, want, sort)
     # Entries a row: 4 * Q * L*K / S with L*K = 16: 0.9 (decoder), 2.6
     # (dino_decoder), 6.8 (DINO's decoder on 640 x 512 images), 64 (encoder), 64.
     value = torch.empty(2, S, 8, 32, dtype=torch.bfloat16, device="meta")
-    assert launch.deterministic_sort(value, Q * 16) == sort
-    tile = launch._tile("gather", value, Q * 16, 2 * S * 8)
+    assert TUNED.deterministic_sort(value, Q * 16) == sort
+    tile = TUNED.tile("gather", value, Q * 16, 2 * S * 8)
     assert (tile["BLOCK_Q"], tile["num_warps"], tile["BLOCK_P"]) == want
-    fp32 = launch._tile("gather", value.float(), Q * 16, 2 * S * 8)
+    fp32 = TUNED.tile("gather", value.float(), Q * 16, 2 * S * 8)
     assert (fp32["BLOCK_Q"], fp32["BLOCK_P"]) == (want[0], want[2])
     other = "stable" if sort == "counting" else "counting"
-    with launch.tile_override(gather=(4, 2, 4), sort=other):
-        assert launch.deterministic_sort(value, Q * 16) == other
-        tile = launch._tile("gather", value, Q * 16, 2 * S * 8)
+    with tile_override(gather=(4, 2, 4), sort=other) as tiles:
+        assert tiles == current_tiles() == Tiles(gather=(4, 2, 4), sort=other)
+        assert tiles.deterministic_sort(value, Q * 16) == other
+        tile = tiles.tile("gather", value, Q * 16, 2 * S * 8)
         assert (tile["BLOCK_Q"], tile["num_warps"], tile["BLOCK_P"]) == (4, 2, 4)
 
 
 def test_an_unknown_sort_is_refused():
     with pytest.raises(ValueError, match="sort must be one of .'stable', 'counting'., got 'radix'"):
-        with launch.tile_override(sort="radix"):
+        with tile_override(sort="radix"):
             pass
 
 
@@ -139,11 +145,11 @@ def test_deterministic_backward_takes_a_tile_of_its_own(dtype, block_p):
     # (bf16 212.1 us against 289.9 at the float backward's fp32 tile), 1 query of 16 points
     # on a decoder; past D = 64 the float backward's fp32 tile, which does not spill at
     # D = 256.
-    def tile(B, Q, D=32, M=8, deterministic=True):
+    def tile(B, Q, D=32, M=8, deterministic=True, tiles=TUNED):
         value = torch.empty(B, 100, M, D, dtype=dtype, device="meta")
         loc = torch.empty(B, Q, M, 4, 4, 2, dtype=dtype, device="meta")
         attn = torch.empty(B, Q, M, 4, 4, dtype=dtype, device="meta")
-        meta = launch.plan_backward(value, loc, attn, False, deterministic).meta
+        meta = plan_backward(value, loc, attn, False, deterministic, tiles=tiles).meta
         return meta["BLOCK_Q"], meta["num_warps"], meta["BLOCK_P"]
 
     assert tile(2, 22223) == (4, 1, block_p)
@@ -151,5 +157,5 @@ def test_deterministic_backward_takes_a_tile_of_its_own(dtype, block_p):
     assert tile(2, 22223, D=256) == (1, 4, 8)
     assert tile(2, 22223, D=64) == (2, 1, block_p)
     assert tile(2, 22223, deterministic=False) == (1, 1, 8 if dtype == torch.float32 else 16)
-    with launch.tile_override(bwd=(2, 2, 4)):
-        assert tile(4, 900) == tile(2, 22223) == (2, 2, 4)
+    other = Tiles(bwd=(2, 2, 4))
+    assert tile(4, 900, tiles=other) == tile(2, 22223, tiles=other) == (2, 2, 4)

@@ -11,7 +11,7 @@ kernels); more seeds showed the lag in both kinds of run.
 import pytest
 import torch
 
-from msda_mm.ops import launch
+from msda_mm.ops.tiles import tile_override
 from msda_mm.parity.kernel_check import compare_to_fp32
 
 from msda_inputs import make_inputs
@@ -39,7 +39,7 @@ def test_interpreted_bf16_kernels_match_fp32(kernel):
     # msda_fwd_pairs_kernel, which the GPU uses for the encoder's grids.
     inputs = _inputs(B=1, Q=9, M=2, D=32, shapes=((6, 5), (3, 3)), K=4, device="cpu")
     tiles = dict(pairs=(8, 1)) if kernel == "pairs" else {}
-    with launch.tile_override(**tiles):
+    with tile_override(**tiles):
         _assert_bf16_matches_fp32(*inputs, fp32_grad_accum=True)
 
 

@@ -8,7 +8,10 @@ import numpy as np
 import pytest
 import torch
 
-from msda_mm.ops import launch
+from msda_mm.ops.backward.launcher import launch_backward
+from msda_mm.ops.deterministic import buckets
+from msda_mm.ops.deterministic.buffers import key_dtype
+from msda_mm.ops.tiles import Tiles, tile_override
 
 from fixed_point_reference import fixed_point_grad_value
 from msda_inputs import FLOAT_INPUTS, FLOOR, make_inputs, reference_fn, rel_err, run_op
@@ -66,7 +69,7 @@ def test_every_sample_in_one_cell(dtype, sort):
     # override), and its four corner rows take them all.
     args = _with_locations(_inputs(dtype, seed=2), 0.43, 0.61)
     _check(args, sort, seed=2)
-    with launch.tile_override(gather=(1, 1, 4)):
+    with tile_override(gather=(1, 1, 4)):
         _check(args, sort, seed=2)
 
 
@@ -101,19 +104,19 @@ def _lexsort(keys, fields):
 
 def _sorted_samples(monkeypatch, args, sort="counting"):
     """The deterministic backward's ``sort`` of args' samples: cells a head
-    and bucket_records' (offsets, records) for the counting sort (from
-    msda_bwd_kernel's ranks), stable_bucket_records' (bounds, records) for
-    the stable sort (from its keys), kept as the backward makes them."""
-    name = {"counting": "bucket_records", "stable": "stable_bucket_records"}[sort]
-    bucketed, kept = getattr(launch, name), []
+    and counting_records' (offsets, records) for the counting sort (from
+    msda_bwd_kernel's ranks), stable_records' (bounds, records) for the
+    stable sort (from its keys), kept as the backward makes them."""
+    name = {"counting": "counting_records", "stable": "stable_records"}[sort]
+    bucketed, kept = getattr(buckets, name), []
 
     def keep(*a):
-        cells = next(x.cells for x in a if hasattr(x, "cells"))  # SortBuffers, KeyBuffers
+        cells = next(x.cells for x in a if hasattr(x, "cells"))  # CountingBuffers, KeyBuffers
         kept.append((cells, *bucketed(*a)))
         return kept[-1][1:]
 
-    monkeypatch.setattr(launch, name, keep)
-    with launch.tile_override(sort=sort):
+    monkeypatch.setattr(buckets, name, keep)
+    with tile_override(sort=sort):
         run_op(args, deterministic=True)
     assert len(kept) == 1
     return kept[0]
@@ -159,9 +162,9 @@ def test_bucket_counts_are_the_histogram_of_the_cells(monkeypatch):
     torch.testing.assert_close(fields[:, got], weights[:, want], rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("shapes, key_dtype", [(SHAPES, torch.int16),
-                                               (((128, 256), (2, 3)), torch.int32)])
-def test_stable_sort_holds_each_cells_samples_in_sample_order(monkeypatch, shapes, key_dtype):
+@pytest.mark.parametrize("shapes, want_dtype", [(SHAPES, torch.int16),
+                                                (((128, 256), (2, 3)), torch.int32)])
+def test_stable_sort_holds_each_cells_samples_in_sample_order(monkeypatch, shapes, want_dtype):
     # As a PyTorch stable sort of the live samples by (cell, head) gives them:
     # the same records in the same order, each bucket's entries between its
     # bounds (empty ones (0, 0)); with 16-bit keys and, past 2**16 - 1 cells a
@@ -169,7 +172,7 @@ def test_stable_sort_holds_each_cells_samples_in_sample_order(monkeypatch, shape
     args = _inputs(torch.float32, seed=4, Q=9, shapes=shapes)
     args["sampling_locations"][1, 2, 1, 1, 0] = float("nan")  # never live: in no bucket
     cells, bounds, records = _sorted_samples(monkeypatch, args, "stable")
-    assert launch._key_dtype(cells)[0] == key_dtype
+    assert key_dtype(cells)[0] == want_dtype
     keys, weights, _ = _samples(args, cells)
     B, Q, M = args["attention_weights"].shape[:3]
     bucket = keys // Q
@@ -190,10 +193,10 @@ def test_counting_sort_gather_tiles_leave_grad_value_bitwise_unchanged(dtype):
     # sums a step, int64 across steps).
     args = _inputs(dtype, seed=5, lo=0.3, hi=0.7)
     g = torch.randn(2, 6, 8, generator=torch.Generator().manual_seed(5)).to(dtype)
-    with launch.tile_override(sort="counting"):
+    with tile_override(sort="counting"):
         first = _grad_value(args, g)
         for tile in [(1, 1, 1), (1, 1, 2), (2, 1, 4), (4, 2, 2), (8, 1, 16), (32, 4, 8)]:
-            with launch.tile_override(gather=tile):
+            with tile_override(gather=tile):
                 torch.testing.assert_close(_grad_value(args, g), first, rtol=0, atol=0)
 
 
@@ -208,10 +211,11 @@ def test_shapes_that_disagree_with_value_stay_in_bounds(shapes, sort):
     shapes_t, starts = torch.tensor(shapes), torch.tensor([0, 20])
     value, loc, attn = args["value"], args["sampling_locations"], args["attention_weights"]
     grad_out = torch.randn(1, 6, 16, generator=torch.Generator().manual_seed(6))
-    det = launch.msda_backward(grad_out, value, shapes_t, starts, loc, attn, False, True)[0]
+    det = launch_backward(grad_out, value, shapes_t, starts, loc, attn, False, True,
+                          tiles=Tiles(sort=sort))[0]
     assert det.shape == value.shape and torch.isfinite(det).all()
     if shapes[1][0] < 100:  # no wrapped index: the float backward's sums, rows past S dropped
-        default = launch.msda_backward(grad_out, value, shapes_t, starts, loc, attn, True)[0]
+        default = launch_backward(grad_out, value, shapes_t, starts, loc, attn, True)[0]
         torch.testing.assert_close(det, default)
 
 
@@ -225,7 +229,7 @@ def test_a_row_of_520_equal_largest_terms_sums_exactly(dtype):
     args["sampling_locations"][..., 0], args["sampling_locations"][..., 1] = 0.5, 0.375
     args["attention_weights"].fill_(1.0)
     g = torch.full((1, 260, 4), 1 - 2.0**-8, dtype=dtype)
-    with launch.tile_override(sort="counting"):  # rows this dense take the stable sort
+    with tile_override(sort="counting"):  # rows this dense take the stable sort
         got = _grad_value(args, g)
     want = torch.zeros_like(got)
     want[0, 1 * 5 + 2] = 520 * (1 - 2.0**-8)  # rounded to dtype as the kernel's one rounding

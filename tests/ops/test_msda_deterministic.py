@@ -7,7 +7,9 @@ at realistic shapes on the GPU: test_msda_deterministic_gpu.py."""
 import pytest
 import torch
 
-from msda_mm.ops import launch
+from msda_mm.ops.backward.launcher import launch_backward
+from msda_mm.ops.deterministic.buckets import grad_value_bound
+from msda_mm.ops.tiles import Tiles, tile_override
 
 from msda_inputs import FLOAT_INPUTS, FLOOR, make_inputs, reference_fn, rel_err, run_op
 
@@ -45,7 +47,7 @@ def test_runs_and_tiles_give_bitwise_identical_gradients(dtype, sort):
     # own each query, other chunks each point).
     tiles = [None] * 3 + [(1, 1, 1), (1, 1, 2), (2, 1, 4), (4, 2, 2), (8, 1, 16)]
     for tile in tiles:
-        with launch.tile_override(bwd=tile):
+        with tile_override(bwd=tile):
             _, grads, _ = run_op(args, grad_out=g, deterministic=True)
         for k in first:
             assert_equal(grads[k], first[k])
@@ -56,7 +58,7 @@ def test_counting_sort_gives_grad_value_bitwise_whatever_the_query_order(dtype):
     # Integer sums: the queries reversed add the same integers.  (The stable
     # sort sums in sample order, which follows the queries'.)
     args = _crowded(dtype)
-    with launch.tile_override(sort="counting"):
+    with tile_override(sort="counting"):
         _, first, g = run_op(args, deterministic=True)
         perm = torch.arange(args["attention_weights"].shape[1]).flip(0)
         perm_args, perm_g = permuted(args, g, perm)
@@ -100,9 +102,9 @@ def test_stable_sort_sums_a_strided_grad_output_as_a_contiguous_one(dtype):
     starts = torch.cat([shapes.new_zeros(1), shapes.prod(1).cumsum(0)[:-1]])
     inputs = [args["value"], shapes, starts, args["sampling_locations"],
               args["attention_weights"]]
-    with launch.tile_override(sort="stable"):
-        strided = launch.msda_backward(wide[..., ::2], *inputs, False, True)[0]
-        packed = launch.msda_backward(wide[..., ::2].contiguous(), *inputs, False, True)[0]
+    stable = Tiles(sort="stable")
+    strided = launch_backward(wide[..., ::2], *inputs, False, True, tiles=stable)[0]
+    packed = launch_backward(wide[..., ::2].contiguous(), *inputs, False, True, tiles=stable)[0]
     scale = packed.abs().max().item()
     torch.testing.assert_close(strided, packed, rtol=ONE_ROUNDING[dtype],
                                atol=ONE_ROUNDING[dtype] * scale)
@@ -212,7 +214,7 @@ def _one_bad_grad_output(dtype, bad, sort):
     latter: (clean, bad, default)."""
     args = _crowded(dtype, seed=3)
     g = torch.randn(1, 6, 8).to(dtype)
-    with launch.tile_override(sort=sort):
+    with tile_override(sort=sort):
         _, clean, _ = run_op(args, grad_out=g, deterministic=True)
         g[0, 2, 5] = bad
         _, grads, _ = run_op(args, grad_out=g, deterministic=True)
@@ -252,17 +254,17 @@ def test_nan_weight_and_a_bound_past_fp32_make_their_heads_nan():
     # Head 1: |grad_output| up to 1e38, a bound past 2**127 (6 queries with
     # weights summing to ~2), which an fp32 term or result could overflow.
     g[..., 4:] *= 1e38 / g[..., 4:].abs().max()
-    with launch.tile_override(sort="counting"):
+    with tile_override(sort="counting"):
         _, grads, _ = run_op(args, grad_out=g, deterministic=True)
     assert grads["value"].isnan().all()
-    bound = launch.grad_value_bound(g.unflatten(-1, (2, 4)), args["attention_weights"])
+    bound = grad_value_bound(g.unflatten(-1, (2, 4)), args["attention_weights"])
     assert bound[0, 0].isnan() and bound[0, 1] > 2.0**127
 
 
 def test_bound_caps_every_partial_sum_and_ignores_query_order():
     args = _crowded(torch.float32, seed=5)
     g = torch.randn(1, 6, 8)
-    bound = launch.grad_value_bound(g.unflatten(-1, (2, 4)), args["attention_weights"])
+    bound = grad_value_bound(g.unflatten(-1, (2, 4)), args["attention_weights"])
     # Every term counted with its magnitude: the largest possible partial sum.
     f64 = {k: (v.double() if k in FLOAT_INPUTS else v) for k, v in args.items()}
     abs_args = dict(f64, attention_weights=f64["attention_weights"].abs())
@@ -273,5 +275,5 @@ def test_bound_caps_every_partial_sum_and_ignores_query_order():
     assert (largest <= bound).all() and (bound <= 4 * 6 * 2 * 2 * largest).all(), (largest,
                                                                                   bound)
     perm = torch.randperm(6)
-    assert_equal(launch.grad_value_bound(g.unflatten(-1, (2, 4))[:, perm],
+    assert_equal(grad_value_bound(g.unflatten(-1, (2, 4))[:, perm],
                                           args["attention_weights"][:, perm]), bound)

@@ -13,7 +13,7 @@ from test_msda_deterministic import (
 )
 
 from msda_mm import multi_scale_deformable_attention as msda
-from msda_mm.ops import launch
+from msda_mm.ops.tiles import tile_override
 
 from msda_inputs import FLOAT_INPUTS, make_inputs, run_op
 
@@ -55,7 +55,7 @@ def test_backward_tiles_give_bitwise_identical_grad_value(dtype, sort):
     args = _one_pixel(dtype)
     _, first, g = run_op(args, deterministic=True)
     for tile in [(1, 1, 4), (1, 1, 16), (2, 1, 8), (4, 1, 16), (4, 4, 8)]:
-        with launch.tile_override(bwd=tile):
+        with tile_override(bwd=tile):
             _, grads, _ = run_op(args, grad_out=g, deterministic=True)
         assert_equal(grads["value"], first["value"])
 
@@ -63,11 +63,11 @@ def test_backward_tiles_give_bitwise_identical_grad_value(dtype, sort):
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_counting_sort_gather_tiles_and_query_order_give_bitwise_identical_grad_value(dtype):
     args = _one_pixel(dtype)
-    with launch.tile_override(sort="counting"):
+    with tile_override(sort="counting"):
         _, first, g = run_op(args, deterministic=True)
         # The gather's (rows, warps, entries a step): other programs own each row.
         for tile in [(1, 1, 4), (2, 1, 8), (4, 4, 32)]:
-            with launch.tile_override(gather=tile):
+            with tile_override(gather=tile):
                 _, grads, _ = run_op(args, grad_out=g, deterministic=True)
             assert_equal(grads["value"], first["value"])
         perm = torch.randperm(900, device="cuda")
@@ -132,7 +132,7 @@ def test_cuda_graph_replays_the_deterministic_backward(sort):
 def test_non_finite_grad_output_makes_its_head_nan(bad):
     args = _one_pixel(torch.float32)
     g = torch.randn(2, 900, 256, device="cuda")
-    with launch.tile_override(sort="counting"):
+    with tile_override(sort="counting"):
         _, clean, _ = run_op(args, grad_out=g, deterministic=True)
         g[1, 7, 3 * 32 + 5] = bad  # batch 1, head 3
         _, grads, _ = run_op(args, grad_out=g, deterministic=True)

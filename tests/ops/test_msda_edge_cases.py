@@ -73,7 +73,9 @@ def test_kernels_never_read_past_value_for_shapes_that_disagree(device, shapes, 
     # sync (on CPU it raises first), so the kernels are called directly: a
     # corner past S reads zero and receives nothing, as if value were
     # zero-padded, and none is read or written out of bounds.
-    from msda_mm.ops import launch
+    from msda_mm.ops.backward.launcher import launch_backward
+    from msda_mm.ops.forward.launcher import launch_forward
+    from msda_mm.ops.tiles import Tiles
     args, seed = make_inputs(B=1, Q=6, M=2, D=8, shapes=((4, 5), (2, 3)), K=2, lo=0.0, hi=1.0,
                              dtype=dtype, loc_dtype=torch.float32, attn_dtype=torch.float32)
     S = 4 * 5 + 6  # value covers level 0 and 6 positions of level 1
@@ -81,9 +83,8 @@ def test_kernels_never_read_past_value_for_shapes_that_disagree(device, shapes, 
     value, loc, attn = args["value"], args["sampling_locations"], args["attention_weights"]
     grad_out = torch.randn(1, 6, 16, dtype=dtype)
     on = [t.to(device) for t in (value, shapes_t, starts, loc, attn, grad_out)]
-    with launch.tile_override(**tiles):
-        out = launch.msda_forward(*on[:5])
-        grad_value = launch.msda_backward(on[5], *on[:5], True)[0]
+    out = launch_forward(*on[:5], tiles=Tiles(**tiles))
+    grad_value = launch_backward(on[5], *on[:5], True, tiles=Tiles(**tiles))[0]
     assert torch.isfinite(out).all() and torch.isfinite(grad_value).all(), f"seed {seed}"
     if shapes[1][0] < 100:  # where no index wraps, the numbers of a zero-padded value
         padded = torch.zeros(1, 20 + shapes[1][0] * shapes[1][1], 2, 8)

@@ -88,13 +88,17 @@ def test_repeat_launches_skip_the_binding_and_give_the_same_results(monkeypatch,
     # the repeats straight to the kept compiled kernel (FastLaunch); a value
     # 2 or 4 bytes past an aligned start is another specialisation, another
     # key.  zero_fill_kernel zeroes 16-bit grad_value where PDL exists.
-    from msda_mm.ops import launch
-    fast = (launch.msda_fwd_kernel, launch.msda_bwd_kernel, launch.zero_fill_kernel)
+    from msda_mm.ops import runtime
+    from msda_mm.ops.backward import launcher as backward_launcher
+    from msda_mm.ops.backward import zero_fill
+    from msda_mm.ops.forward import launcher as forward_launcher
+    fast = (forward_launcher.msda_fwd_kernel, backward_launcher.msda_bwd_kernel,
+            zero_fill.zero_fill_kernel)
     counters = [_CountingFn(kernel.fn) for kernel in fast]
     for kernel, counter in zip(fast, counters):
-        monkeypatch.setattr(kernel, "_kernels", {})
+        monkeypatch.setattr(kernel, "kept", {})
         monkeypatch.setattr(kernel, "fn", counter)
-    fills = int(dtype != torch.float32 and launch.pdl_available(torch.device("cuda")))
+    fills = int(dtype != torch.float32 and runtime.pdl_available(torch.device("cuda")))
     args = _cuda(make_inputs(B=2, Q=40, M=4, D=32, shapes=((16, 20), (8, 10)), K=4,
                              dtype=dtype, loc_dtype=torch.float32,
                              attn_dtype=torch.float32)[0])
@@ -120,8 +124,8 @@ def test_repeat_launches_skip_the_binding_and_give_the_same_results(monkeypatch,
     # inputs one bf16 output in 10240 by one unit in the last place (0.0039
     # at 0.78), so bf16 gets one: 2**-7 of the value.
     tol = {} if dtype == torch.float32 else dict(rtol=2**-7, atol=0)
-    torch.testing.assert_close(launch.msda_forward(shifted, *rest),
-                               launch.msda_forward(args["value"], *rest), **tol)
+    torch.testing.assert_close(forward_launcher.launch_forward(shifted, *rest),
+                               forward_launcher.launch_forward(args["value"], *rest), **tol)
     assert counters[0].launches == 2
 
 
@@ -132,19 +136,20 @@ def test_fill_policy_on_an_sm90_device(monkeypatch, dtype, numel, kernel):
     # 16-bit buffers of whole words get zero_fill_kernel (which lets the
     # backward start at once), the rest PyTorch's fill; a backward behind
     # either may take PDL.  Every byte ends up 0.
-    from msda_mm.ops import launch
-    if not launch.pdl_available(torch.device("cuda")):
+    from msda_mm.ops import runtime
+    from msda_mm.ops.backward import zero_fill
+    if not runtime.pdl_available(torch.device("cuda")):
         pytest.skip("needs compute capability >= 9.0 (programmatic dependent launch)")
     launches = []
-    real = launch.zero_fill_kernel
-    monkeypatch.setattr(launch, "zero_fill_kernel", type("Spy", (), {
+    real = zero_fill.zero_fill_kernel
+    monkeypatch.setattr(zero_fill, "zero_fill_kernel", type("Spy", (), {
         "__getitem__": lambda self, grid: launches.append(grid) or real[grid]})())
     t = torch.empty(numel, dtype=dtype, device="cuda")
     t.view(torch.uint8).fill_(255)
-    assert launch.fill_zeros(t) is True
+    assert zero_fill.fill_zeros(t) is True
     assert not t.view(torch.uint8).any()
     assert len(launches) == int(kernel)
-    assert launch.fill_zeros(torch.empty(0, device="cuda")) is False
+    assert zero_fill.fill_zeros(torch.empty(0, device="cuda")) is False
 
 
 # Both forwards: these 512 (query, head) rows would get msda_fwd_kernel.
@@ -152,7 +157,7 @@ def test_fill_policy_on_an_sm90_device(monkeypatch, dtype, numel, kernel):
 def test_value_past_2_31_elements(tiles):
     """int64 offsets: a bf16 value of 2**31 + 262144 elements (4.3 GB); the
     queries sample the last rows, past the int32 range."""
-    from msda_mm.ops import launch
+    from msda_mm.ops.tiles import tile_override
     M, D, H, W = 8, 32, 2048, 4097
     value = torch.randn(1, H * W, M, D, device="cuda", dtype=torch.bfloat16)
     assert value.numel() > 2**31
@@ -163,7 +168,7 @@ def test_value_past_2_31_elements(tiles):
     attn = torch.rand(1, Q, M, 1, K, device="cuda")
     args = dict(value=value, spatial_shapes=shapes, level_start_index=None,
                 sampling_locations=loc, attention_weights=attn)
-    with launch.tile_override(**tiles):
+    with tile_override(**tiles):
         out, grads, g = run_op(args)
     ref_out = msda_reference(value.float(), shapes, loc, attn)
     assert rel_err(out, ref_out) < 4 * 2.0**-8

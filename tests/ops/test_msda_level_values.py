@@ -8,8 +8,8 @@ import torch
 from msda_mm import msda_reference
 from msda_mm import multi_scale_deformable_attention as msda
 from msda_mm.ops import level_start_index_from_shapes
-from msda_mm.ops import msda as msda_module
-from msda_mm.ops.level_starts import level_starts_on_device
+from msda_mm.ops import op as op_module
+from msda_mm.ops.forward.level_starts import level_starts_on_device
 
 from msda_inputs import make_inputs, rel_err
 
@@ -65,7 +65,7 @@ def test_triton_path_derives_starts_and_never_reads_the_passed_ones(monkeypatch)
     """Guards: with the host check out of the way (as for CUDA tensors, whose
     values it cannot read), a passed index that disagrees with the shapes
     gave garbage; the kernels must see the starts derived from the shapes."""
-    monkeypatch.setattr(msda_module, "check_levels", lambda *args: None)
+    monkeypatch.setattr(op_module, "check_levels", lambda *args: None)
     args, seed = make_inputs(B=1, Q=4, M=2, D=4, K=2)
     right = msda(**args)
     wrong = msda(**dict(args, level_start_index=torch.tensor([1, 13])))

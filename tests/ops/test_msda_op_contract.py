@@ -7,8 +7,9 @@ import pytest
 import torch
 
 from msda_mm import multi_scale_deformable_attention as msda
-from msda_mm.ops import launch
-from msda_mm.ops import msda as msda_module
+from msda_mm.ops import op as op_module
+from msda_mm.ops.backward import launcher as backward_launcher
+from msda_mm.ops.deterministic import grad_value
 from msda_mm.ops.reference import level_start_index_from_shapes
 
 from msda_inputs import DEVICES, FLOAT_INPUTS, make_inputs, run_op
@@ -111,11 +112,11 @@ def test_torch_compile_deterministic_backward_is_the_eager_ones(device, flag):
                                              ((10, 0), False)])
 def test_auto_accumulator_follows_capability(monkeypatch, capability, fp32):
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
-    assert msda_module.bf16_atomics_are_slow(torch.device("cuda", 0)) is fp32
+    assert op_module.bf16_atomics_are_slow(torch.device("cuda", 0)) is fp32
 
 
 def test_auto_accumulator_per_dtype():
-    resolve = msda_module.resolve_fp32_grad_accum
+    resolve = op_module.resolve_fp32_grad_accum
     # CPU = Triton interpreter here: no bf16 atomics, so bf16 goes to fp32.
     assert resolve(torch.empty(1, dtype=torch.bfloat16), None) is True
     assert resolve(torch.empty(1, dtype=torch.float16), None) is False
@@ -141,14 +142,14 @@ class _KernelSpy:
 
 
 def _bwd_spy(monkeypatch):
-    spy = _KernelSpy(launch.msda_bwd_kernel, 6)  # grad_value_ptr
-    monkeypatch.setattr(launch, "msda_bwd_kernel", spy)
+    spy = _KernelSpy(backward_launcher.msda_bwd_kernel, 6)  # grad_value_ptr
+    monkeypatch.setattr(backward_launcher, "msda_bwd_kernel", spy)
     return spy
 
 
 def _gather_spy(monkeypatch):
-    spy = _KernelSpy(launch.grad_value_gather_kernel, 8)  # grad_value_ptr
-    monkeypatch.setattr(launch, "grad_value_gather_kernel", spy)
+    spy = _KernelSpy(grad_value.grad_value_gather_kernel, 8)  # grad_value_ptr
+    monkeypatch.setattr(grad_value, "grad_value_gather_kernel", spy)
     return spy
 
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from msda_mm import multi_scale_deformable_attention as msda
-from msda_mm.ops import launch
+from msda_mm.ops.tiles import tile_override
 
 from msda_inputs import (
     DEVICES,
@@ -50,7 +50,7 @@ def test_small_tiles_partial_query_blocks_and_chunks(device):
     # 4 queries x 4 points a program over Q = 7 and 10 points: masked query
     # rows, three chunks, the last one half empty.
     args, seed = logit_inputs(B=2, Q=7, M=2, D=8, shapes=((4, 5), (2, 3)), K=5)
-    with launch.tile_override(fwd=(4, 1, 4)):
+    with tile_override(fwd=(4, 1, 4)):
         check(args, device, seed)
 
 
@@ -82,7 +82,7 @@ def test_extreme_logits(device, pairs):
     logits[0, 3, 1] = -float("inf")
     args["attention_weights"] = logits
     on = {k: (v.to(device) if v is not None else None) for k, v in args.items()}
-    with launch.tile_override(**({"pairs": (4, 1)} if pairs else {})):
+    with tile_override(**({"pairs": (4, 1)} if pairs else {})):
         out = msda(**on, softmax=True)
     want = softmax_reference(args["value"].double(), args["spatial_shapes"], None,
                              args["sampling_locations"].double(), logits.double())

@@ -8,8 +8,10 @@ deterministic backward."""
 import pytest
 import torch
 
-from msda_mm.ops import launch
-from msda_mm.ops import msda as msda_module
+from msda_mm.ops import op as op_module
+from msda_mm.ops.backward import launcher as backward_launcher
+from msda_mm.ops.backward.launcher import launch_backward
+from msda_mm.ops.tiles import TUNED, tile_override
 
 from msda_inputs import (
     DEVICES,
@@ -44,8 +46,8 @@ class _BackwardSpy:
 
 @pytest.fixture
 def spy(monkeypatch):
-    spy = _BackwardSpy(launch.msda_bwd_kernel)
-    monkeypatch.setattr(launch, "msda_bwd_kernel", spy)
+    spy = _BackwardSpy(backward_launcher.msda_bwd_kernel)
+    monkeypatch.setattr(backward_launcher, "msda_bwd_kernel", spy)
     return spy
 
 
@@ -55,7 +57,7 @@ def spy(monkeypatch):
 def test_default_backward_is_one_kernel(spy, monkeypatch, attn_dtype, g_dtype):
     # No PyTorch softmax anywhere: the kernel gets the logits, keeps g for the
     # weights in fp32 at least (a scratch for 16-bit logits, else the result).
-    monkeypatch.setattr(msda_module, "point_softmax", None)
+    monkeypatch.setattr(op_module, "point_softmax", None)
     args, _ = logit_inputs(attn_dtype=attn_dtype)
     _, grads, _ = run_op(args, softmax=True)
     (only,) = spy.launches
@@ -71,15 +73,15 @@ def test_deterministic_backward_runs_on_the_softmax_weights(spy):
     run_op(args, softmax=True, deterministic=True)
     (only,) = spy.launches
     assert only["softmax"] is False and only["grad_logit"] is None
-    torch.testing.assert_close(only["weights"], msda_module.point_softmax(
+    torch.testing.assert_close(only["weights"], op_module.point_softmax(
         args["attention_weights"]), rtol=0, atol=0)
 
 
 def test_launcher_refuses_softmax_with_deterministic():
     args, _ = logit_inputs()
     with pytest.raises(ValueError, match="softmax=True takes the float-atomic backward only"):
-        launch.msda_backward(torch.zeros(2, 5, 16), *args.values(), fp32_grad_accum=False,
-                             deterministic=True, softmax=True)
+        launch_backward(torch.zeros(2, 5, 16), *args.values(), fp32_grad_accum=False,
+                        deterministic=True, softmax=True)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -91,7 +93,7 @@ def test_backward_tiles_with_masked_queries_and_chunks(device, dtype, determinis
     # last one half empty.
     args, seed = logit_inputs(B=2, Q=7, M=2, D=8, shapes=((4, 5), (2, 3)), K=5, dtype=dtype,
                               loc_dtype=torch.float32)
-    with launch.tile_override(bwd=(4, 1, 4)):
+    with tile_override(bwd=(4, 1, 4)):
         assert_close_to_reference(args, device, seed, reference=softmax_reference, softmax=True,
                                   deterministic=deterministic)
 
@@ -107,7 +109,7 @@ def test_minus_inf_logits_get_zero_gradient(device, deterministic):
     logits[0, 2, 1, 1] = -float("inf")
     logits[0, 4, :, :, 0] = -float("inf")
     on = _on(args, device)
-    with launch.tile_override(bwd=(4, 1, 4)):
+    with tile_override(bwd=(4, 1, 4)):
         out, grads, g = run_op(on, softmax=True, deterministic=deterministic)
     _, want, _ = run_op(args, fn=softmax_reference, grad_out=g.cpu())
     assert torch.equal(grads["attention_weights"].cpu()[logits == -float("inf")],
@@ -146,5 +148,5 @@ def test_wide_head_with_fp32_logits_in_place(device):
     # logit's gradient has copies in several warps; fp32 logits take g in their
     # own gradient buffer, read and overwritten by the last pass.
     args, seed = logit_inputs(B=1, Q=3, M=1, D=256, shapes=((3, 4), (2, 2)), K=2)
-    assert launch._tile("bwd", args["value"], 4, 3)["num_warps"] == 4
+    assert TUNED.tile("bwd", args["value"], 4, 3)["num_warps"] == 4
     assert_close_to_reference(args, device, seed, reference=softmax_reference, softmax=True)

@@ -60,10 +60,10 @@ def test_bad_input_raises_clear_error(case):
 def test_numpy_bool_fp32_grad_accum_is_a_bool(monkeypatch):
     # Guards: a numpy bool (as configs built with numpy may hold) stays
     # accepted once only None/True/False are, and reaches the op as a bool.
-    from msda_mm.ops import msda as msda_module
+    from msda_mm.ops import op as op_module
     seen = []
     # apply(value, shapes, starts, locations, weights, fp32_grad_accum, ...)
-    monkeypatch.setattr(msda_module._EagerMSDA, "apply",
+    monkeypatch.setattr(op_module.EagerMSDA, "apply",
                         lambda *args: seen.append(args[5]) or args[0].new_zeros(1))
     args = make_inputs(B=1, Q=2, M=2, D=8, K=2)[0]
     msda(**args, fp32_grad_accum=np.bool_(True))
@@ -72,6 +72,6 @@ def test_numpy_bool_fp32_grad_accum_is_a_bool(monkeypatch):
 
 @pytest.mark.parametrize("shape", [(1, 2**31, 1, 1), (65536, 1, 1, 1), (1, 1, 65536, 1)])
 def test_launcher_refuses_shapes_past_the_grid_or_int32_positions(shape):
-    from msda_mm.ops import launch
+    from msda_mm.ops import runtime
     with pytest.raises(ValueError, match=r"at most 65535 batches B and heads M .* 2\*\*31"):
-        launch._grid(torch.empty(shape, device="meta"), 10, 2)
+        runtime.grid(torch.empty(shape, device="meta"), 10, 2)

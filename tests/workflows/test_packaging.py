@@ -67,7 +67,7 @@ def _venv_beside_this_one(venv: Path) -> Path:
 
 def test_the_wheel_holds_the_package_only(dist):
     names = zipfile.ZipFile(dist["wheel"]).namelist()
-    assert "msda_mm/ops/kernels.py" in names and "msda_mm/mmdet_tools.py" in names
+    assert "msda_mm/ops/forward/kernels.py" in names and "msda_mm/mmdet_tools.py" in names
     info = f"msda_mm-{msda_mm.__version__}.dist-info"
     assert {n.split("/")[0] for n in names} == {"msda_mm", info}
     entry_points = zipfile.ZipFile(dist["wheel"]).read(f"{info}/entry_points.txt")
@@ -77,9 +77,10 @@ def test_the_wheel_holds_the_package_only(dist):
 def test_the_sdist_holds_the_source_tree_but_benchmarks(dist):
     with tarfile.open(dist["sdist"]) as sdist:
         names = {n.split("/", 1)[1] for n in sdist.getnames() if "/" in n}
-    assert {"pyproject.toml", "conftest.py", "msda_mm/ops/kernels.py", "tests/ops/msda_inputs.py",
-            "research/codegen.py", "configs/synthetic/dino_tiny_cpu.py",
-            "tools/train.py", "bench/op/timing.py", "bench/step/plot.py"} <= names
+    assert {"pyproject.toml", "conftest.py", "msda_mm/ops/forward/kernels.py",
+            "tests/ops/msda_inputs.py", "research/codegen.py",
+            "configs/synthetic/dino_tiny_cpu.py", "tools/train.py", "bench/op/timing.py",
+            "bench/step/plot.py"} <= names
     assert not [n for n in names if n.startswith("benchmarks") or "__pycache__" in n]
 
 

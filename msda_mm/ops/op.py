@@ -3,7 +3,7 @@ fake implementations and autograd, and the mmcv-compatible functional API.
 
 Dispatch: CUDA tensors run the Triton kernels (through the custom ops under
 ``torch.compile``, through a plain autograd.Function in eager mode, which
-costs far less host time: see ``_EagerMSDA``); so do CPU tensors when
+costs far less host time: see ``EagerMSDA``); so do CPU tensors when
 ``TRITON_INTERPRET=1`` (the kernels run in Triton's
 interpreter, which is how CI tests them).  Other CPU tensors run the
 pure-PyTorch reference with plain autograd.  The custom ops are opaque to
@@ -25,14 +25,17 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from . import launch
-from .level_starts import level_starts_on_device
+from .backward.launcher import launch_backward, plan_backward, run_backward
+from .forward.launcher import launch_forward
+from .forward.level_starts import level_starts_on_device
 from .reference import level_start_index_from_shapes, msda_reference, point_softmax
+from .runtime import interpreter_enabled
+from .tiles import TUNED, Tiles, current_tiles
 from .validate import check_inputs, check_levels, check_optional_bool
 
 
 def _use_triton(t: Tensor) -> bool:
-    return t.is_cuda or launch.interpreter_enabled()
+    return t.is_cuda or interpreter_enabled()
 
 
 def _require_triton(t: Tensor) -> None:
@@ -98,18 +101,18 @@ def _alert_nondeterministic() -> None:
 
 
 def _forward_impl(value, spatial_shapes, level_start_index, sampling_locations,
-                  attention_weights, softmax) -> Tensor:
+                  attention_weights, softmax, tiles: Tiles) -> Tensor:
     if _is_empty(value, sampling_locations):
         B, _, M, D = value.shape
         return value.new_zeros(B, sampling_locations.shape[1], M * D)
     _require_triton(value)
     check_levels(spatial_shapes, level_start_index, value.shape[1])
-    return launch.msda_forward(value, spatial_shapes, level_start_index, sampling_locations,
-                               attention_weights, softmax)
+    return launch_forward(value, spatial_shapes, level_start_index, sampling_locations,
+                          attention_weights, softmax, tiles)
 
 
 def _backward_impl(grad_output, value, spatial_shapes, level_start_index, sampling_locations,
-                   attention_weights, fp32_grad_accum, deterministic, softmax):
+                   attention_weights, fp32_grad_accum, deterministic, softmax, tiles: Tiles):
     if _is_empty(value, sampling_locations):
         return (value.new_zeros(value.shape),
                 sampling_locations.new_zeros(sampling_locations.shape),
@@ -117,16 +120,16 @@ def _backward_impl(grad_output, value, spatial_shapes, level_start_index, sampli
     _require_triton(value)
     if resolve_deterministic(deterministic):
         return _deterministic_backward(grad_output, value, spatial_shapes, level_start_index,
-                                       sampling_locations, attention_weights, softmax)
+                                       sampling_locations, attention_weights, softmax, tiles)
     _alert_nondeterministic()
-    return launch.msda_backward(grad_output, value, spatial_shapes, level_start_index,
-                                sampling_locations, attention_weights,
-                                resolve_fp32_grad_accum(value, fp32_grad_accum),
-                                softmax=softmax)
+    return launch_backward(grad_output, value, spatial_shapes, level_start_index,
+                           sampling_locations, attention_weights,
+                           resolve_fp32_grad_accum(value, fp32_grad_accum), softmax=softmax,
+                           tiles=tiles)
 
 
 def _deterministic_backward(grad_output, value, spatial_shapes, level_start_index,
-                            sampling_locations, attention_weights, softmax):
+                            sampling_locations, attention_weights, softmax, tiles: Tiles):
     """The deterministic backward; with ``softmax`` the weights are logits: it
     runs on their point_softmax p (its grad_value needs the weights),
     and the logits' gradient is softmax's own backward of grad_attn.
@@ -135,9 +138,9 @@ def _deterministic_backward(grad_output, value, spatial_shapes, level_start_inde
     is recomputed, not kept from the forward: kept, it would be a second
     forward output, in fp32 where AMP logits are bf16 (twice the saved bytes)."""
     def backward(weights):
-        return launch.msda_backward(grad_output, value, spatial_shapes, level_start_index,
-                                    sampling_locations, weights, fp32_grad_accum=False,
-                                    deterministic=True)
+        return launch_backward(grad_output, value, spatial_shapes, level_start_index,
+                               sampling_locations, weights, fp32_grad_accum=False,
+                               deterministic=True, tiles=tiles)
 
     if not softmax:
         return backward(attention_weights)
@@ -157,9 +160,11 @@ def msda_forward(value: Tensor, spatial_shapes: Tensor, level_start_index: Tenso
     """Shapes as in ``multi_scale_deformable_attention``; returns (B, Q, M*D)
     in value's dtype.  fp32_grad_accum and deterministic only travel to the
     backward; softmax: attention_weights are logits (see the functional
-    API)."""
+    API).  Both custom ops launch with the tuned tiles (tiles.TUNED): the
+    backward may run on another thread than the forward, where
+    tile_override's block is not in force."""
     return _forward_impl(value, spatial_shapes, level_start_index, sampling_locations,
-                         attention_weights, softmax)
+                         attention_weights, softmax, TUNED)
 
 
 @msda_forward.register_fake
@@ -181,7 +186,7 @@ def msda_backward(grad_output: Tensor, value: Tensor, spatial_shapes: Tensor,
     theirs."""
     return _backward_impl(grad_output, value, spatial_shapes, level_start_index,
                           sampling_locations, attention_weights, fp32_grad_accum, deterministic,
-                          softmax)
+                          softmax, TUNED)
 
 
 @msda_backward.register_fake
@@ -210,17 +215,17 @@ def _backward(ctx, grad_output):
 msda_forward.register_autograd(_backward, setup_context=_setup_context)
 
 
-class _EagerMSDA(torch.autograd.Function):
+class EagerMSDA(torch.autograd.Function):
     """The same two launches as the custom ops, for eager mode.
 
-    Why a second entry point: the custom-op wrappers alone cost 70 us of host
-    time per forward on a dev CPU against 17 us for an autograd.Function,
-    and on the H200 (torch 2.11) host time per decoder forward + backward
-    went from 824 to 774 us with this path.  The backward's Python runs
-    about 2x slower on autograd's device thread than on the calling thread,
-    so the forward makes the backward's launch plan (launch.plan_backward)
-    and the backward only allocates and launches (docs/design.md).
-    torch.compile sees only the custom ops.
+    Why a second entry point: the custom-op wrappers alone cost about 4x the
+    host time of an autograd.Function a forward (docs/design.md).  The
+    backward's Python runs about 2x slower on autograd's device thread than
+    on the calling thread, so the forward makes the backward's launch plan
+    (backward/launcher.py's plan_backward) and the backward only allocates
+    and launches.  The forward also resolves the tile policy
+    (tiles.current_tiles) on the calling thread and carries it to the
+    backward.  torch.compile sees only the custom ops.
     """
 
     @staticmethod
@@ -228,13 +233,14 @@ class _EagerMSDA(torch.autograd.Function):
                 attention_weights, fp32_grad_accum, deterministic, softmax):
         _setup_context(ctx, (value, spatial_shapes, level_start_index, sampling_locations,
                              attention_weights, fp32_grad_accum, deterministic, softmax), None)
+        ctx.tiles = tiles = current_tiles()
         out = _forward_impl(value, spatial_shapes, level_start_index, sampling_locations,
-                            attention_weights, softmax)
+                            attention_weights, softmax, tiles)
         # Planned for the float-atomic backward only; the backward checks the mode again.
         atomic = not resolve_deterministic(deterministic)
-        ctx.plan = launch.plan_backward(
+        ctx.plan = plan_backward(
             value, sampling_locations, attention_weights,
-            resolve_fp32_grad_accum(value, fp32_grad_accum), softmax=softmax
+            resolve_fp32_grad_accum(value, fp32_grad_accum), softmax=softmax, tiles=tiles
         ) if atomic and not _is_empty(value, sampling_locations) else None
         return out
 
@@ -243,10 +249,10 @@ class _EagerMSDA(torch.autograd.Function):
     def backward(ctx, grad_output):
         if ctx.plan is None or resolve_deterministic(ctx.deterministic):
             grads = _backward_impl(grad_output, *ctx.saved_tensors, ctx.fp32_grad_accum,
-                                   ctx.deterministic, ctx.softmax)
+                                   ctx.deterministic, ctx.softmax, ctx.tiles)
         else:
             _alert_nondeterministic()
-            grads = launch.run_backward(ctx.plan, grad_output, *ctx.saved_tensors)
+            grads = run_backward(ctx.plan, grad_output, *ctx.saved_tensors)
         return grads[0], None, None, grads[1], grads[2], None, None, None
 
 
@@ -348,6 +354,6 @@ def multi_scale_deformable_attention(
     compiling = torch.compiler.is_compiling()
     level_start_index = (level_start_index_from_shapes(spatial_shapes) if compiling
                          else level_starts_on_device(spatial_shapes))
-    op = msda_forward if compiling else _EagerMSDA.apply
+    op = msda_forward if compiling else EagerMSDA.apply
     return op(value, spatial_shapes, level_start_index, sampling_locations, attention_weights,
               fp32_grad_accum, deterministic, softmax)

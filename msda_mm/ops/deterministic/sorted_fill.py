@@ -1,12 +1,12 @@
 """The deterministic backward's stable sort, for value rows of 2 entries or
-more (launch.deterministic_sort): the buckets of bucket_kernels.py with their
+more (Tiles.deterministic_sort): the buckets of cells.py with their
 entries in sample order, so that grad_value_gather_kernel can sum them in
 float, in that order, in one pass.
 
 msda_bwd_kernel stores each sample's cell in its head (its key: 16 bits
 where the cells allow, so that the radix sort makes two passes, not four)
-and its record (cells._record_words) at its slot, where it reads the
-sample's location and weight (cells._key_samples); a stable radix sort
+and its record (records.record_words) at its slot, where it reads the
+sample's location and weight (cells.key_samples); a stable radix sort
 (torch.sort) orders the samples by cell and then by slot, whose order is
 head by head: by (cell, head, slot), each bucket (head, cell) contiguous.
 sorted_fill_kernel finds where each bucket starts and ends in that order
@@ -17,7 +17,7 @@ same order every run.
 import triton
 import triton.language as tl
 
-from .cells import _record_ptrs
+from .records import record_ptrs
 
 
 @triton.jit
@@ -65,5 +65,5 @@ def sorted_fill_kernel(sorted_ptr, perm_ptr, slot_records_ptr, records_ptr, boun
     _bucket_bounds(sorted_ptr, perm_ptr, bounds_ptr, j, ok, N, CELLS, HEADS, HEAD_SAMPLES,
                    KEY_BIAS)
     slot = tl.load(perm_ptr + j, mask=ok, other=0).to(tl.int64)
-    words = tl.load(_record_ptrs(slot_records_ptr, slot[:, None]), mask=ok[:, None, None])
-    tl.store(_record_ptrs(records_ptr, j[:, None]), words, mask=ok[:, None, None])
+    words = tl.load(record_ptrs(slot_records_ptr, slot[:, None]), mask=ok[:, None, None])
+    tl.store(record_ptrs(records_ptr, j[:, None]), words, mask=ok[:, None, None])

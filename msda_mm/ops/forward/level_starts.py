@@ -14,8 +14,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .fast_launch import FastLaunch
-from .launch import _device_guard, _next_pow2
+from ..fast_launch import FastLaunch
+from ..runtime import device_guard, next_pow2
 
 
 @triton.jit
@@ -66,6 +66,6 @@ def level_starts_on_device(spatial_shapes: torch.Tensor) -> torch.Tensor:
 def _launch(spatial_shapes: torch.Tensor) -> torch.Tensor:
     L = spatial_shapes.shape[0]
     starts = torch.empty(L, dtype=torch.int64, device=spatial_shapes.device)
-    with _device_guard(spatial_shapes):
-        _kernel[(1,)](spatial_shapes, starts, L=L, BLOCK_L=_next_pow2(L), num_warps=1)
+    with device_guard(spatial_shapes):
+        _kernel[(1,)](spatial_shapes, starts, L=L, BLOCK_L=next_pow2(L), num_warps=1)
     return starts

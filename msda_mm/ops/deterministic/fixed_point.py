@@ -1,25 +1,25 @@
 """The deterministic backward's fixed point, one exponent per value row
-(bucket_kernels.grad_value_gather_kernel): each of a row's n entries adds
+(gather.grad_value_gather_kernel): each of a row's n entries adds
 c * go (c its corner weight, go its query's grad_output row) times 2**e,
 rounded to an integer, and the integers are summed exactly, so that their
 order does not matter; the sum times 2**-e is rounded once to value's dtype.
 
 The gather's first pass over a row's entries takes n and X, the largest
-_entry_exponent (|c| * g_q < 2**X, g_q = max_d |grad_output| of the entry's
+entry_exponent (|c| * g_q < 2**X, g_q = max_d |grad_output| of the entry's
 query, which the bound kernel stores): a max, exact and order-free.  With
-n < 2**N, e = T - X (_row_exponent) puts every term under 2**T and every
+n < 2**N, e = T - X (row_exponent) puts every term under 2**T and every
 partial sum under n * 2**T <= 2**B: fp32 and fp64 values truncate their
 terms in ACC and sum them in int64 (B = 63, T = 63 - N: 63 - N bits of the
 row's own largest term, whatever the head's other rows hold); 16-bit values
 round theirs in one FFMA and sum them in int32 (exact_sums.py).  The scale is
-applied as c * 2**(e + k_q) and go * 2**-k_q (_scaled_factors, g_q < 2**k_q):
+applied as c * 2**(e + k_q) and go * 2**-k_q (scaled_factors, g_q < 2**k_q):
 neither overflows, and one is subnormal only in a term under 2**-62, which
-is 0 either way.  A head whose bound (launch.grad_value_bound) is inf, NaN or
-2**BIAS or more, where a sum could overflow ACC, gets NaN (_head_ok)."""
+is 0 either way.  A head whose bound (buckets.grad_value_bound) is inf, NaN or
+2**BIAS or more, where a sum could overflow ACC, gets NaN (head_ok)."""
 import triton
 import triton.language as tl
 
-from .kernels import _head_base
+from ..jit_helpers import head_base
 
 # A row's int64 sum stays under 2**FIXED_BITS.
 FIXED_BITS = tl.constexpr(63)
@@ -27,7 +27,7 @@ FIXED_BITS = tl.constexpr(63)
 NO_ENTRY = tl.constexpr(-(2**14))
 # Scaled weights past this belong to queries without gradient (g_q = 0, where
 # nothing bounds c): finite, so that c * 0 stays 0.  Every other one is under
-# 2**115 (_scaled_factors) and any product with a factor < 4 stays finite in fp32.
+# 2**115 (scaled_factors) and any product with a factor < 4 stays finite in fp32.
 C_MAX = tl.constexpr(2.0**120)
 
 
@@ -72,7 +72,7 @@ def _query_exponent(g):
 
 
 @triton.jit
-def _entry_exponent(c, g, live):
+def entry_exponent(c, g, live):
     """X (int32) with |c| * g < 2**X for each live entry (corner weight c, its
     query's g, both ACC), NO_ENTRY where not live: the exponent of the
     rounded |c| * (g * 2**-k_q), which bounds the exact product (rounding is
@@ -82,7 +82,7 @@ def _entry_exponent(c, g, live):
 
 
 @triton.jit
-def _scaled_factors(c, g, go, e):
+def scaled_factors(c, g, go, e):
     """c * 2**(e + k_q) ([BLOCK_S, BLOCK_E, 1]) and go * 2**-k_q ([BLOCK_S,
     BLOCK_E, BLOCK_D]), whose product is each term times 2**e: c [BLOCK_S,
     BLOCK_E] with its queries' g, go [BLOCK_S, BLOCK_E, BLOCK_D], e [BLOCK_S].
@@ -96,7 +96,7 @@ def _scaled_factors(c, g, go, e):
 
 
 @triton.jit
-def _row_exponent(X, n, TERM_BITS: tl.constexpr, SUM_BITS: tl.constexpr):
+def row_exponent(X, n, TERM_BITS: tl.constexpr, SUM_BITS: tl.constexpr):
     """e (int32) for a row of n entries whose terms are each under 2**X: every
     term times 2**e is under 2**T, T = min(TERM_BITS, SUM_BITS - N) with
     n < 2**N, so that, rounded or truncated to integers |t| <= 2**T, every
@@ -107,21 +107,21 @@ def _row_exponent(X, n, TERM_BITS: tl.constexpr, SUM_BITS: tl.constexpr):
 
 
 @triton.jit
-def _fixed_point_terms(c, g, go, e):
-    """c * go * 2**e truncated to integers (int64), for _row_exponent's e with
-    FIXED_BITS (shapes as _scaled_factors)."""
-    cs, gos = _scaled_factors(c, g, go, e)
+def fixed_point_terms(c, g, go, e):
+    """c * go * 2**e truncated to integers (int64), for row_exponent's e with
+    FIXED_BITS (shapes as scaled_factors)."""
+    cs, gos = scaled_factors(c, g, go, e)
     return (cs * gos).to(tl.int64)
 
 
 @triton.jit
-def _head_bound(bound_ptr, b, m):
+def head_bound(bound_ptr, b, m):
     """Head (b, m)'s entry of the (B, M) float64 bound (grid dim 1 is M)."""
-    return tl.load(_head_base(bound_ptr, b, m, tl.num_programs(1), 1))
+    return tl.load(head_base(bound_ptr, b, m, tl.num_programs(1), 1))
 
 
 @triton.jit
-def _head_ok(bound, ACC: tl.constexpr):
+def head_ok(bound, ACC: tl.constexpr):
     """Whether the head has a result: its float64 bound on |every partial
     sum| below 2**BIAS (not inf or NaN), so that no term, sum or result
     overflows ACC."""
@@ -143,7 +143,7 @@ def _round_to(x, ty: tl.constexpr):
 
 
 @triton.jit
-def _fixed_to_float(acc, e, ok, ty: tl.constexpr, ACC: tl.constexpr):
+def fixed_to_float(acc, e, ok, ty: tl.constexpr, ACC: tl.constexpr):
     """The rows' int64 sums acc ([BLOCK_S, BLOCK_D]) at exponents e ([BLOCK_S])
     as ty: acc * 2**-e, NaN where the head has no result (ok False).  Only the
     int64 -> ACC conversion rounds, then the store's (and a subnormal result)."""

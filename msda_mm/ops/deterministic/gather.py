@@ -1,29 +1,19 @@
-"""The deterministic backward's grad_value: samples sorted into buckets by
-cell, then gathered per value row (grad_value_gather_kernel).  Rows with few
-entries (launch.deterministic_sort: under 2 a row, the Deformable DETR
-decoder) take the counting sort below, whose order inside a bucket varies,
-and sum integer terms at the row's own exponent (fixed_point.py: int64; for
-16-bit values int32 sums of terms rounded in fp32, exact_sums.py); denser
-rows (the encoders, DINO's decoder) take a stable sort (sorted_buckets.py),
-whose order is the samples', and sum in float in that order.
+"""The deterministic backward's grad_value, gathered per value row from the
+samples sorted into buckets by cell (grad_value_gather_kernel).  Rows with
+few entries (Tiles.deterministic_sort: under 2 a row, the Deformable DETR
+decoder) take the counting sort (bucket_fill.py), whose order inside
+a bucket varies, and sum integer terms at the row's own exponent
+(fixed_point.py: int64; for 16-bit values int32 sums of terms rounded in
+fp32, exact_sums.py); denser rows (the encoders, DINO's decoder) take the
+stable sort (sorted_fill.py), whose order is the samples', and sum
+in float in that order.
 
-A live sample (b, q, m, l, k) (cells._cell) has its top-left bilinear
-corner (y0, x0) in [-1, H_l-1] x [-1, W_l-1]: its cell on level l's
-extended grid of (H_l+1) x (W_l+1).  Its bucket is
-(b*M + m) * CELLS + ext_start_l + (y0+1) * (W_l+1) + (x0+1), ext_start_l the
-extended grids of the levels before l; dead samples go in no bucket.  A
-counting sort, all on the device: msda_bwd_kernel ranks each sample in its
-bucket with an atomic increment (cells._rank_samples) while it computes the
-location and weight gradients, an exclusive cumsum of the counts gives each
-bucket's first entry, bucket_fill_kernel writes each sample's
-record (its query, attention weight and bilinear fractions) to its entry.  The
-order inside a bucket varies run to run; the integer sums of
-grad_value_gather_kernel do not depend on it, nor does its first pass over a
-row's entries (a max and a count: the row's exponent).  That pass loads each
-entry's 16-byte record (32 for fp64) and its query's max |grad_output| (4 bytes,
-8 for fp64); the second loads both again and the query's grad_output row
-(D elements).  The stable sort's gather makes only the second pass, without
-the maxima.
+The counting sort's gather makes two passes over a row's entries: the
+first (a max and a count: the row's exponent, neither dependent on the
+entries' order) loads each entry's 16-byte record (32 for fp64) and its
+query's max |grad_output| (4 bytes, 8 for fp64); the second loads both
+again and the query's grad_output row (D elements).  The stable sort's
+gather makes only the second pass, without the maxima.
 
 Value row (y, x) of a level is corner 11 of cell (y-1, x-1), 10 of
 (y-1, x), 01 of (y, x-1) and 00 of (y, x): extended cells (y, x), (y, x+1),
@@ -34,99 +24,22 @@ head, then cell, the stable sort's by cell, then head.
 import triton
 import triton.language as tl
 
-from .bound_kernel import _query_max_ptrs
-from .cells import (
-    _ext_start,
-    _record_fields,
-    _record_ptrs,
-    _record_words,
-    _sample_bucket,
-    _sample_slot,
-)
-from .exact_sums import SUM_BITS, TERM_BITS, _integer_terms
+from ..jit_helpers import head_base, pair_halves, pair_words, program_tile, row_ptrs
+from ..sampling import bilinear_weight
+from .bound import query_max_ptrs
+from .cells import ext_start
+from .exact_sums import SUM_BITS, TERM_BITS, integer_terms
 from .fixed_point import (
     FIXED_BITS,
     NO_ENTRY,
-    _entry_exponent,
-    _fixed_point_terms,
-    _fixed_to_float,
-    _head_bound,
-    _head_ok,
-    _row_exponent,
+    entry_exponent,
+    fixed_point_terms,
+    fixed_to_float,
+    head_bound,
+    head_ok,
+    row_exponent,
 )
-from .kernels import (
-    _bilinear_weight,
-    _chunk_points,
-    _head_base,
-    _pair_halves,
-    _pair_words,
-    _point_ptrs,
-    _program_queries,
-    _program_tile,
-    _row_ptrs,
-)
-
-
-@triton.jit
-def _sample_buckets(p0, b, m, q, qmask, Q, CELLS, shapes_ptr, loc_ptr,
-                    stride_lb, stride_lq, stride_lm, stride_ll, stride_lk, stride_lc,
-                    L: tl.constexpr, K: tl.constexpr, BLOCK_P: tl.constexpr, ACC: tl.constexpr):
-    """Chunk p0's samples ([BLOCK_Q, BLOCK_P]) as msda_bwd_kernel ranked
-    them: live, bucket (cells._sample_bucket), slot (cells._sample_slot),
-    bilinear fractions lx, ly, l and k."""
-    l, k, pmask = _chunk_points(p0, L, K, BLOCK_P)
-    inside = qmask[:, None] & pmask[None, :]
-    H = tl.load(shapes_ptr + 2 * l).to(tl.int32)[None, :]
-    W = tl.load(shapes_ptr + 2 * l + 1).to(tl.int32)[None, :]
-    lp = _point_ptrs(loc_ptr, b, q, m, l, k, stride_lb, stride_lq, stride_lm, stride_ll,
-                     stride_lk)
-    x = tl.load(lp, mask=inside, other=0.0).to(ACC)
-    y = tl.load(lp + stride_lc, mask=inside, other=0.0).to(ACC)
-    live, bucket, lx, ly = _sample_bucket(x, y, l, H, W, inside, b, m, CELLS, shapes_ptr, L)
-    return live, bucket, _sample_slot(p0, b, m, q, Q, L, K, BLOCK_P), lx, ly, l, k
-
-
-@triton.jit
-def _sample_records(p0, b, m, q, qmask, Q, CELLS, shapes_ptr, loc_ptr, attn_ptr,
-                    stride_lb, stride_lq, stride_lm, stride_ll, stride_lk, stride_lc,
-                    stride_ab, stride_aq, stride_am, stride_al, stride_ak,
-                    L: tl.constexpr, K: tl.constexpr, BLOCK_P: tl.constexpr, ACC: tl.constexpr,
-                    BITS: tl.constexpr):
-    """Chunk p0's samples as _sample_buckets gives them (live, bucket, slot)
-    and their records (_record_words, of BITS), the attention weight read
-    where live."""
-    live, bucket, slot, lx, ly, l, k = _sample_buckets(
-        p0, b, m, q, qmask, Q, CELLS, shapes_ptr, loc_ptr, stride_lb, stride_lq, stride_lm,
-        stride_ll, stride_lk, stride_lc, L, K, BLOCK_P, ACC)
-    w = tl.load(_point_ptrs(attn_ptr, b, q, m, l, k, stride_ab, stride_aq, stride_am,
-                            stride_al, stride_ak), mask=live, other=0.0).to(ACC)
-    return live, bucket, slot, _record_words(q, w, lx, ly, BITS)
-
-
-@triton.jit
-def bucket_fill_kernel(
-    shapes_ptr, loc_ptr, attn_ptr, ranks_ptr, offsets_ptr, records_ptr, Q, CELLS,
-    stride_lb, stride_lq, stride_lm, stride_ll, stride_lk, stride_lc,
-    stride_ab, stride_aq, stride_am, stride_al, stride_ak,
-    L: tl.constexpr, K: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_P: tl.constexpr,
-    ACC: tl.constexpr,
-):
-    """Each live sample's record at its entry offsets[bucket] + rank (ranks
-    from msda_bwd_kernel, offsets the exclusive cumsum of the counts), one
-    vector store of records (N, 4) (_record_words): its query, attention
-    weight w and bilinear fractions lx, ly, in ACC, from which the gather
-    recomputes each corner weight bitwise as msda_bwd_kernel does
-    (kernels._bilinear_weight).  Grid: (cdiv(Q, BLOCK_Q), M, B)."""
-    b, m, q, qmask = _program_queries(Q, BLOCK_Q)
-    for p0 in range(0, L * K, BLOCK_P):
-        live, bucket, slot, words = _sample_records(
-            p0, b, m, q, qmask, Q, CELLS, shapes_ptr, loc_ptr, attn_ptr,
-            stride_lb, stride_lq, stride_lm, stride_ll, stride_lk, stride_lc,
-            stride_ab, stride_aq, stride_am, stride_al, stride_ak, L, K, BLOCK_P, ACC,
-            records_ptr.dtype.element_ty)
-        rank = tl.load(ranks_ptr + slot, mask=live, other=0)
-        entry = (tl.load(offsets_ptr + bucket, mask=live, other=0) + rank).to(tl.int64)
-        tl.store(_record_ptrs(records_ptr, entry), words, mask=live[:, :, None])
+from .records import record_fields, record_ptrs
 
 
 @triton.jit
@@ -162,7 +75,7 @@ def _row_cells(lvl, y, x, W, row_ok, head, lo_ptr, hi_ptr, HEAD_STRIDE, CELL_STR
     corner 11, 10, 01 and 00), as one run: cell k's entries are the run's
     e_(k-1) .. e_k (e_-1 = 0, e_3 = n), its j-th at j + d_k.  Returns d0 ..
     d3, e0, e1, e2 and n, each [BLOCK_S, 1]."""
-    base = _ext_start(lvl, shapes_ptr, L) + y.to(tl.int64) * (W + 1) + x
+    base = ext_start(lvl, shapes_ptr, L) + y.to(tl.int64) * (W + 1) + x
     f0, n0 = _cell_entries(base, 0, W, row_ok, head, lo_ptr, hi_ptr, HEAD_STRIDE, CELL_STRIDE,
                            CELLS)
     f1, n1 = _cell_entries(base, 1, W, row_ok, head, lo_ptr, hi_ptr, HEAD_STRIDE, CELL_STRIDE,
@@ -190,18 +103,18 @@ def _entries(records_ptr, d0, d1, d2, d3, e0, e1, e2, n, j0, BLOCK_E: tl.constex
     in2 = j >= e1
     in3 = j >= e2
     pos = (j + tl.where(in3, d3, tl.where(in2, d2, tl.where(in1, d1, d0)))).to(tl.int64)
-    q, w, lx, ly = _record_fields(
-        tl.load(_record_ptrs(records_ptr, pos), mask=live[:, :, None], other=0), ACC)
+    q, w, lx, ly = record_fields(
+        tl.load(record_ptrs(records_ptr, pos), mask=live[:, :, None], other=0), ACC)
     # Cells 0 and 1 lie above the row (it is their bottom corner), 0 and 2 left of it.
     k = in1.to(tl.int32) + in2.to(tl.int32) + in3.to(tl.int32)
-    return live, q, _bilinear_weight(w, lx, ly, k < 2, k % 2 == 0)
+    return live, q, bilinear_weight(w, lx, ly, k < 2, k % 2 == 0)
 
 
 @triton.jit
 def _query_max(gq_ptr, b, m, q, live, Q, ACC: tl.constexpr):
     """max_d |grad_output[b, q, m, :]| of the entries' queries in ACC, from
     the bound kernel's (B, Q, M) array (grid dim 1 is M); 0 where not live."""
-    return tl.load(_query_max_ptrs(gq_ptr, b, q, m, Q), mask=live, other=0.0).to(ACC)
+    return tl.load(query_max_ptrs(gq_ptr, b, q, m, Q), mask=live, other=0.0).to(ACC)
 
 
 @triton.jit
@@ -209,17 +122,17 @@ def _row_exponents(gq_ptr, records_ptr, b, m, d0, d1, d2, d3, e0, e1, e2, n, Q,
                    BLOCK_S: tl.constexpr, BLOCK_E: tl.constexpr, ACC: tl.constexpr,
                    FP32_TERMS: tl.constexpr):
     """The fixed-point gather's first pass: each row's exponent e
-    (fixed_point._row_exponent) from its entries' (_row_cells) largest
+    (fixed_point.row_exponent) from its entries' (_row_cells) largest
     |c| * g_q and their count n."""
     X = tl.full([BLOCK_S], NO_ENTRY, tl.int32)
     for j0 in range(0, tl.max(tl.reshape(n, [BLOCK_S]), axis=0), BLOCK_E):
         live, q, c = _entries(records_ptr, d0, d1, d2, d3, e0, e1, e2, n, j0, BLOCK_E, ACC)
         g = _query_max(gq_ptr, b, m, q, live, Q, ACC)
-        X = tl.maximum(X, tl.max(_entry_exponent(c, g, live), axis=1))
+        X = tl.maximum(X, tl.max(entry_exponent(c, g, live), axis=1))
     if FP32_TERMS:
-        return _row_exponent(X, tl.reshape(n, [BLOCK_S]), TERM_BITS, SUM_BITS)
+        return row_exponent(X, tl.reshape(n, [BLOCK_S]), TERM_BITS, SUM_BITS)
     else:
-        return _row_exponent(X, tl.reshape(n, [BLOCK_S]), FIXED_BITS, FIXED_BITS)
+        return row_exponent(X, tl.reshape(n, [BLOCK_S]), FIXED_BITS, FIXED_BITS)
 
 
 @triton.jit
@@ -246,18 +159,18 @@ def grad_value_gather_kernel(
     entries' count; the second sums the terms as integers, with FP32_TERMS
     (16-bit values, fp32 ACC) rounded in one FFMA each and summed in int32
     (exact_sums.py), else truncated from ACC and summed in int64
-    (_fixed_point_terms).  bound_ptr (B, M) float64: a head
-    whose bound says it could overflow (_head_ok) is NaN, its buckets unread.
-    Not FIXED (entries in sample order: sorted_buckets.py; bound_ptr and
+    (fixed_point_terms).  bound_ptr (B, M) float64: a head
+    whose bound says it could overflow (head_ok) is NaN, its buckets unread.
+    Not FIXED (entries in sample order: sorted_fill.py; bound_ptr and
     gq_ptr None): one pass, the terms summed in ACC in entry order; PAIRS
     (16-bit grad_output and grad_value as int32 words of two channels, as
-    kernels.msda_fwd_pairs_kernel reads value: unit channel strides, even D
-    and strides, Q * stride_goq < 2**31) reads each entry's grad_output row
-    as words at an int32 offset and sums the even and the odd channels apart.
+    msda_fwd_pairs_kernel reads value: unit channel strides, even D and
+    strides, Q * stride_goq < 2**31) reads each entry's grad_output row as
+    words at an int32 offset and sums the even and the odd channels apart.
     Grid: (cdiv(S, BLOCK_S), M, B); program 0 takes the last rows, the
     coarsest level's, whose buckets are the fullest, so that the longest
     programs start first."""
-    b, m, r, rmask, offs_d, dmask = _program_tile(S, D, BLOCK_S, BLOCK_D)
+    b, m, r, rmask, offs_d, dmask = program_tile(S, D, BLOCK_S, BLOCK_D)
     s = S - 1 - r
     lvl, H, W, start = _row_levels(s, shapes_ptr, starts_ptr, L)
     # A level is empty of rows where shapes do not tile value (W < 1 or rows
@@ -267,10 +180,10 @@ def grad_value_gather_kernel(
     x = (s - start) - y * W1
     row_ok = rmask & (W >= 1) & (y < H)
     head = b.to(tl.int64) * tl.num_programs(1) + m
-    go_base = _head_base(grad_out_ptr, b, m, stride_gob, stride_gom)
+    go_base = head_base(grad_out_ptr, b, m, stride_gob, stride_gom)
     dm = dmask[None, None, :]
     if FIXED:
-        ok = _head_ok(_head_bound(bound_ptr, b, m), ACC)
+        ok = head_ok(head_bound(bound_ptr, b, m), ACC)
         row_ok &= ok
     d0, d1, d2, d3, e0, e1, e2, n = _row_cells(lvl, y, x, W, row_ok, head, lo_ptr, hi_ptr,
                                                HEAD_STRIDE, CELL_STRIDE, shapes_ptr, CELLS, L)
@@ -297,7 +210,7 @@ def grad_value_gather_kernel(
         if PAIRS:
             raw = tl.load(go_words + (q.to(tl.int32) * (stride_goq // 2))[:, :, None]
                           + offs_j[None, None, :], mask=live[:, :, None] & jm, other=0)
-            lo, hi = _pair_halves(raw, HALF)
+            lo, hi = pair_halves(raw, HALF)
             acc_lo += tl.sum(c[:, :, None] * lo, axis=1)
             acc_hi += tl.sum(c[:, :, None] * hi, axis=1)
         else:
@@ -307,18 +220,18 @@ def grad_value_gather_kernel(
             if not FIXED:
                 acc += tl.sum(c[:, :, None] * go, axis=1)
             elif FP32_TERMS:
-                acc += tl.sum(_integer_terms(c, g, go, e), axis=1)
+                acc += tl.sum(integer_terms(c, g, go, e), axis=1)
             else:
-                acc += tl.sum(_fixed_point_terms(c, g, go, e), axis=1)
-    gv_base = _head_base(grad_value_ptr, b, m, stride_gvb, stride_gvm)
+                acc += tl.sum(fixed_point_terms(c, g, go, e), axis=1)
+    gv_base = head_base(grad_value_ptr, b, m, stride_gvb, stride_gvm)
     if PAIRS:
         gv_words = gv_base.to(tl.pointer_type(tl.int32))
-        tl.store(_row_ptrs(gv_words, s, stride_gvs // 2, offs_j, 1),
-                 _pair_words(acc_lo, acc_hi, HALF), mask=rmask[:, None] & jmask[None, :])
+        tl.store(row_ptrs(gv_words, s, stride_gvs // 2, offs_j, 1),
+                 pair_words(acc_lo, acc_hi, HALF), mask=rmask[:, None] & jmask[None, :])
     else:
         if FIXED:
-            out = _fixed_to_float(acc, e, ok, grad_value_ptr.dtype.element_ty, ACC)
+            out = fixed_to_float(acc, e, ok, grad_value_ptr.dtype.element_ty, ACC)
         else:
             out = acc.to(grad_value_ptr.dtype.element_ty)
-        tl.store(_row_ptrs(gv_base, s, stride_gvs, offs_d, 1), out,
+        tl.store(row_ptrs(gv_base, s, stride_gvs, offs_d, 1), out,
                  mask=rmask[:, None] & dmask[None, :])

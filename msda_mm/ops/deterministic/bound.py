@@ -1,4 +1,4 @@
-"""The deterministic backward's bound (launch.grad_value_bound)
+"""The deterministic backward's bound (buckets.grad_value_bound)
 in one kernel: per query max_d |grad_output| * sum_{l,k} |weight| times Q,
 then its max over the queries by an integer atomic max on the float64 bits.
 
@@ -8,11 +8,11 @@ the programs' order, so the bound is bitwise the same every run."""
 import triton
 import triton.language as tl
 
-from .kernels import _chunk_points, _head_base, _point_ptrs, _program_tile, _row_ptrs
+from ..jit_helpers import chunk_points, head_base, point_ptrs, program_tile, row_ptrs
 
 
 @triton.jit
-def _query_max_ptrs(gq_ptr, b, q, m, Q):
+def query_max_ptrs(gq_ptr, b, q, m, Q):
     """Pointers to queries q's entries of a (B, Q, M) array (grid dim 1 is M):
     the per-query max |grad_output| the kernel below stores and the gather
     reads."""
@@ -34,19 +34,19 @@ def grad_value_bound_kernel(
     for fp32 factors).  gq_ptr, unless None: each query's max_d |go| into a
     (B, Q, M) array of MAX_TY (the gather's per-query scale).
     Grid: (cdiv(Q, BLOCK_Q), M, B)."""
-    b, m, q, qmask, offs_d, dmask = _program_tile(Q, D, BLOCK_Q, BLOCK_D)
-    go = tl.load(_row_ptrs(_head_base(grad_out_ptr, b, m, stride_gob, stride_gom), q,
+    b, m, q, qmask, offs_d, dmask = program_tile(Q, D, BLOCK_Q, BLOCK_D)
+    go = tl.load(row_ptrs(head_base(grad_out_ptr, b, m, stride_gob, stride_gom), q,
                            stride_goq, offs_d, stride_god),
                  mask=qmask[:, None] & dmask[None, :], other=0.0).to(MAX_TY)
     # A max of the bits, not of the floats: tl.max drops NaN.
     BITS: tl.constexpr = tl.int64 if MAX_TY == tl.float64 else tl.int32
     go_max = tl.max(tl.abs(go).to(BITS, bitcast=True), axis=1).to(MAX_TY, bitcast=True)
     if gq_ptr is not None:
-        tl.store(_query_max_ptrs(gq_ptr, b, q, m, Q), go_max, mask=qmask)
+        tl.store(query_max_ptrs(gq_ptr, b, q, m, Q), go_max, mask=qmask)
     w_sum = tl.zeros([BLOCK_Q], dtype=SUM_TY)
     for p0 in range(0, L * K, BLOCK_P):
-        lvl, k, pmask = _chunk_points(p0, L, K, BLOCK_P)
-        w = tl.load(_point_ptrs(attn_ptr, b, q, m, lvl, k, stride_ab, stride_aq, stride_am,
+        lvl, k, pmask = chunk_points(p0, L, K, BLOCK_P)
+        w = tl.load(point_ptrs(attn_ptr, b, q, m, lvl, k, stride_ab, stride_aq, stride_am,
                                 stride_al, stride_ak),
                     mask=qmask[:, None] & pmask[None, :], other=0.0).to(SUM_TY)
         w_sum += tl.sum(tl.abs(w), axis=1)
