@@ -169,9 +169,9 @@ def mmcv_cuda_impl(monkeypatch, tmp_path):
     """bench.op.impls with a pretended GPU and nothing built yet (the
     default build folder); its cached look-up of the build reset around."""
     from bench.op import impls
-    impls._mmcv_cuda_kernels.cache_clear()
+    impls.mmcv_cuda_kernels.cache_clear()
     yield impls, pretend_gpu(monkeypatch, tmp_path / "cache")
-    impls._mmcv_cuda_kernels.cache_clear()
+    impls.mmcv_cuda_kernels.cache_clear()
 
 
 @pytest.mark.skipif(not MMCV_LITE, reason="mmcv_cuda is mmcv-lite's baseline")
@@ -196,7 +196,7 @@ def test_mmcv_cuda_runs_mmcvs_function_on_the_build(mmcv_cuda_impl):
     x = make_inputs(PRESETS["tiny"], "uniform").to("cpu", torch.float64)
     with impls.routed("mmcv_cuda"):
         out = impls.bind("mmcv_cuda", x)(x.value, x.sampling_locations, x.attention_weights)
-    kernels = impls._mmcv_cuda_kernels()
+    kernels = impls.mmcv_cuda_kernels()
     assert [c["dtypes"] for c in kernels.CALLS] == [(torch.float64,) * 3]  # cast to value's
     assert kernels.CALLS[0]["im2col_step"] == 64
     want = impls.bind("reference", x)(x.value, x.sampling_locations.double(),

@@ -327,5 +327,5 @@ def test_mmcv_side_on_mmcv_lite_uses_mmcv_pytorch_not_triton():
     function = multi_scale_deform_attn.MultiScaleDeformableAttnFunction
     routed = vars(function)["apply"]
     with attention.use_op(TwoLayers(), "mmcv"):
-        assert function.apply is attention._mmcv_pytorch_sampler
+        assert function.apply is attention.mmcv_pytorch_sampler
     assert vars(function)["apply"] is routed

@@ -16,7 +16,7 @@ def _waits_twice():
 
 
 def test_each_sync_warning_is_counted_at_its_caller_and_others_still_shown(recwarn):
-    with syncs._counting_sync_warnings() as counts:
+    with syncs.counting_sync_warnings() as counts:
         for _ in range(3):  # Python would show a warning once per place
             _waits_twice()
         warnings.warn("an unrelated warning", stacklevel=1)

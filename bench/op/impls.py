@@ -45,7 +45,7 @@ def _compiled_mmcv() -> bool:
 
 
 @functools.lru_cache(maxsize=None)
-def _mmcv_cuda_kernels() -> Union[ModuleType, str]:
+def mmcv_cuda_kernels() -> Union[ModuleType, str]:
     """msda_mm's build of mmcv's kernels for this GPU, or why there is none."""
     # Imported here: msda_mm.compat needs mmcv, which the other impls do not.
     from msda_mm.compat import MMCV_LITE, mmcv_cuda_build
@@ -89,8 +89,8 @@ def unavailable(impl: str, device: torch.device, dtype: torch.dtype) -> Optional
         return "mmcv has no bf16 kernels"
     if impl == "mmcv" and not _compiled_mmcv():
         return "no compiled mmcv (mmcv._ext with ms_deform_attn_forward)"
-    if impl == "mmcv_cuda" and isinstance(_mmcv_cuda_kernels(), str):
-        return _mmcv_cuda_kernels()
+    if impl == "mmcv_cuda" and isinstance(mmcv_cuda_kernels(), str):
+        return mmcv_cuda_kernels()
     return None
 
 
@@ -102,7 +102,7 @@ def routed(impl: str) -> ContextManager:
         return nullcontext()
     from msda_mm.compat import mmcv_cuda_switch
 
-    return mmcv_cuda_switch.mmcv_cuda_msda(_mmcv_cuda_kernels())
+    return mmcv_cuda_switch.mmcv_cuda_msda(mmcv_cuda_kernels())
 
 
 def bind(impl: str, inputs: MSDAInputs, fp32_grad_accum: Optional[bool] = None) -> MSDAFn:

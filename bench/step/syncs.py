@@ -46,7 +46,7 @@ def innermost_caller(stack: list[traceback.FrameSummary]) -> str:
 
 
 @contextmanager
-def _counting_sync_warnings() -> Iterator[Counter]:
+def counting_sync_warnings() -> Iterator[Counter]:
     """Counts SYNC_WARNING warnings raised inside the block by their
     innermost caller (each one: Python shows a warning once per place by
     default); other warnings go where they went before."""
@@ -74,7 +74,7 @@ def counted_syncs(device: torch.device) -> Iterator[Counter]:
         yield Counter()
         return
     previous = torch.cuda.get_sync_debug_mode()
-    with _counting_sync_warnings() as counts:
+    with counting_sync_warnings() as counts:
         torch.cuda.set_sync_debug_mode("warn")
         try:
             yield counts

@@ -51,7 +51,7 @@ def _triton(device: torch.device) -> str:
     return "msda_mm PyTorch reference (CPU)"
 
 
-def _mmcv_pytorch_sampler(value, spatial_shapes, level_start_index, sampling_locations,
+def mmcv_pytorch_sampler(value, spatial_shapes, level_start_index, sampling_locations,
                           attention_weights, im2col_step):
     # The arguments of MultiScaleDeformableAttnFunction.apply, handed to the
     # function mmcv's forward calls for CPU tensors.
@@ -70,7 +70,7 @@ class MmcvSide:
     def route(self) -> ContextManager:
         """Inside the block mmcv's Function runs this side's kernels."""
         if self.kernels == "pytorch":
-            return mmcv_cuda_switch.function_routed_to(_mmcv_pytorch_sampler)
+            return mmcv_cuda_switch.function_routed_to(mmcv_pytorch_sampler)
         if self.module is not None:
             return mmcv_cuda_switch.mmcv_cuda_msda(self.module)
         return nullcontext()

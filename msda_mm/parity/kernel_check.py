@@ -55,7 +55,7 @@ def bf16_excess(got: Tensor, want: Tensor, magnitude: Tensor, units: float) -> T
     return ((got - want).abs() - units * spacing - ORDER_NOISE * magnitude) / spacing
 
 
-def _forward_backward(args: dict, value: Tensor, grad_out: Tensor,
+def forward_backward(args: dict, value: Tensor, grad_out: Tensor,
                       fp32_grad_accum: Optional[bool],
                       op: Optional[Callable] = None) -> tuple[Tensor, ...]:
     """(output, grad_value, grad_loc, grad_attn) on ``args`` with ``value`` of
@@ -83,9 +83,9 @@ def compare_to_mmcv(args: dict, grad_out: Tensor, mmcv: MmcvSide) -> dict:
 
     value, grad_out = args["value"].float(), grad_out.float()
     with torch.autocast(value.device.type, enabled=False), torch.enable_grad():
-        ours = _forward_backward(args, value, grad_out, None)
+        ours = forward_backward(args, value, grad_out, None)
         with mmcv.route():
-            theirs = _forward_backward(args, value, grad_out, None, mmcv_op)
+            theirs = forward_backward(args, value, grad_out, None, mmcv_op)
     return {name: relative_difference(a, b) for name, a, b in
             zip(("output", "grad_value", "grad_loc", "grad_attn"), ours, theirs)}
 
@@ -104,9 +104,9 @@ def compare_to_fp32(args: dict, grad_out: Tensor, fp32_grad_accum: bool) -> dict
     if value.dtype != torch.bfloat16:
         raise TypeError(f"compare_to_fp32 checks a bf16 value, got {value.dtype}")
     with torch.autocast(value.device.type, enabled=False), torch.enable_grad():
-        out32, gv32, gl32, ga32 = _forward_backward(args, value.float(), grad_out.float(), None)
-        out16, gv16, gl16, ga16 = _forward_backward(args, value, grad_out, fp32_grad_accum)
-        out_abs, gv_abs, _, _ = _forward_backward(args, value.float().abs(),
+        out32, gv32, gl32, ga32 = forward_backward(args, value.float(), grad_out.float(), None)
+        out16, gv16, gl16, ga16 = forward_backward(args, value, grad_out, fp32_grad_accum)
+        out_abs, gv_abs, _, _ = forward_backward(args, value.float().abs(),
                                                   grad_out.float().abs(), None)
     units = 0.5 if value.is_cuda else 1.0
     result = dict(output=bf16_excess(out16, out32, out_abs, units).max().item(),

@@ -51,7 +51,7 @@ def test_an_op_off_by_bf16_arithmetic_fails(monkeypatch, where):
     # a location or weight gradient off by 1e-4; and a NaN, and an output
     # in another dtype.
     from msda_mm.parity import kernel_check
-    real = kernel_check._forward_backward
+    real = kernel_check.forward_backward
     change = {"output": lambda r: (r[0] * (1 + 2.0**-6), *r[1:]),
               "grad_value": lambda r: (r[0], r[1] * (1 + 2.0**-6), *r[2:]),
               "grad_loc": lambda r: (*r[:2], r[2] * (1 + 1e-4), r[3]),
@@ -63,7 +63,7 @@ def test_an_op_off_by_bf16_arithmetic_fails(monkeypatch, where):
         result = real(args, value, grad_out, fp32_grad_accum)
         return change(result) if value.dtype == torch.bfloat16 else result
 
-    monkeypatch.setattr(kernel_check, "_forward_backward", off)
+    monkeypatch.setattr(kernel_check, "forward_backward", off)
     inputs = _inputs(B=1, Q=5, M=2, D=32, shapes=((4, 4), (2, 2)), K=2, device="cpu")
     assert not compare_to_fp32(*inputs, fp32_grad_accum=True)["passed"]
 
