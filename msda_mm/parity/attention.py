@@ -19,6 +19,7 @@ with itself.
 """
 from __future__ import annotations
 
+import inspect
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from types import ModuleType
@@ -37,8 +38,10 @@ from mmcv.ops import MultiScaleDeformableAttention, multi_scale_deform_attn
 OPS = ("triton", "mmcv")
 MMCV_KERNELS = ("cuda", "pytorch")
 _CLASSES = {"triton": TritonMSDeformAttn, "mmcv": MultiScaleDeformableAttention}
-# The op's settings TritonMSDeformAttn.__init__ sets, at its defaults.
-TRITON_SETTINGS = dict(fp32_grad_accum=None, fp32_compute=False, deterministic=None)
+# The op's settings TritonMSDeformAttn.__init__ sets, at its defaults (read
+# from its signature, so that the two never disagree).
+TRITON_SETTINGS = {name: inspect.signature(TritonMSDeformAttn.__init__).parameters[name].default
+                   for name in ("fp32_grad_accum", "fp32_compute", "deterministic")}
 _MMCV_PYTORCH = "mmcv multi_scale_deformable_attn_pytorch"
 _COMPILED = "mmcv CUDA kernels (compiled mmcv)"
 
