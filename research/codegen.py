@@ -169,7 +169,7 @@ def _recorded_launch(v: Variant):
     def empty(*shape, dtype=DTYPES[v.dtype]):
         return torch.empty(shape, dtype=dtype, device="meta")
 
-    inputs = (empty(B, S, M, D), empty(L, 2, dtype=torch.int64), empty(L, dtype=torch.int64),
+    inputs = (empty(B, S, M, D), empty(L, 2, dtype=torch.int64),
               empty(B, Q, M, L, K, 2), empty(B, Q, M, L, K))
     # Every kernel only records its call; as on a GPU of this arch: PDL from
     # sm_90 on, behind the fill kernel.

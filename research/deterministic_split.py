@@ -80,7 +80,7 @@ def _backward(inputs, deterministic: bool, tile=None, sort=None):
 
     def call():
         return launch_backward(
-            inputs.grad_output, inputs.value, inputs.spatial_shapes, inputs.level_start_index,
+            inputs.grad_output, inputs.value, inputs.spatial_shapes,
             inputs.sampling_locations, inputs.attention_weights, accum, deterministic,
             tiles=tiles)[0]
     return call

@@ -88,7 +88,7 @@ def _backward_runs(inputs, rows: torch.Tensor, tiles) -> dict:
 
     fill_bytes = filled.numel() * filled.element_size()
     runs = {"msda_mm backward": (lambda: launch_backward(
-                grad_out, value, inputs.spatial_shapes, inputs.level_start_index,
+                grad_out, value, inputs.spatial_shapes,
                 inputs.sampling_locations, inputs.attention_weights, fp32_accum), nbytes),
             "zero fill": (fill, fill_bytes),
             "torch.zeros": (lambda: torch.zeros(value.shape, dtype=accum_dtype,

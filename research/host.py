@@ -105,7 +105,7 @@ def pieces(inputs: MSDAInputs) -> dict[str, Callable[[], object]]:
                                                 loc, attn)
 
     def forward():
-        return forward_launcher.launch_forward(x.value, x.spatial_shapes, x.level_start_index,
+        return forward_launcher.launch_forward(x.value, x.spatial_shapes,
                                                x.sampling_locations, x.attention_weights)
 
     def op_grad():
@@ -117,7 +117,7 @@ def pieces(inputs: MSDAInputs) -> dict[str, Callable[[], object]]:
 
     def backward():
         return backward_launcher.launch_backward(x.grad_output, x.value, x.spatial_shapes,
-                                                 x.level_start_index, x.sampling_locations,
+                                                 x.sampling_locations,
                                                  x.attention_weights, accum)
 
     return {

@@ -27,8 +27,7 @@ from torch import Tensor
 
 from .backward.launcher import launch_backward, plan_backward, run_backward
 from .forward.launcher import launch_forward
-from .forward.level_starts import level_starts_on_device
-from .reference import level_start_index_from_shapes, msda_reference, point_softmax
+from .reference import msda_reference, point_softmax
 from .runtime import interpreter_enabled
 from .tiles import TUNED, Tiles, current_tiles
 from .validate import check_inputs, check_levels, check_optional_bool
@@ -100,18 +99,18 @@ def _alert_nondeterministic() -> None:
                            "gathered per value row), or warn_only=True.")
 
 
-def _forward_impl(value, spatial_shapes, level_start_index, sampling_locations,
+def _forward_impl(value, spatial_shapes, sampling_locations,
                   attention_weights, softmax, tiles: Tiles) -> Tensor:
     if _is_empty(value, sampling_locations):
         B, _, M, D = value.shape
         return value.new_zeros(B, sampling_locations.shape[1], M * D)
     _require_triton(value)
-    check_levels(spatial_shapes, level_start_index, value.shape[1])
-    return launch_forward(value, spatial_shapes, level_start_index, sampling_locations,
+    check_levels(spatial_shapes, None, value.shape[1])
+    return launch_forward(value, spatial_shapes, sampling_locations,
                           attention_weights, softmax, tiles)
 
 
-def _backward_impl(grad_output, value, spatial_shapes, level_start_index, sampling_locations,
+def _backward_impl(grad_output, value, spatial_shapes, sampling_locations,
                    attention_weights, fp32_grad_accum, deterministic, softmax, tiles: Tiles):
     if _is_empty(value, sampling_locations):
         return (value.new_zeros(value.shape),
@@ -119,17 +118,17 @@ def _backward_impl(grad_output, value, spatial_shapes, level_start_index, sampli
                 attention_weights.new_zeros(attention_weights.shape))
     _require_triton(value)
     if resolve_deterministic(deterministic):
-        return _deterministic_backward(grad_output, value, spatial_shapes, level_start_index,
-                                       sampling_locations, attention_weights, softmax, tiles)
+        return _deterministic_backward(grad_output, value, spatial_shapes, sampling_locations,
+                                       attention_weights, softmax, tiles)
     _alert_nondeterministic()
-    return launch_backward(grad_output, value, spatial_shapes, level_start_index,
-                           sampling_locations, attention_weights,
+    return launch_backward(grad_output, value, spatial_shapes, sampling_locations,
+                           attention_weights,
                            resolve_fp32_grad_accum(value, fp32_grad_accum), softmax=softmax,
                            tiles=tiles)
 
 
-def _deterministic_backward(grad_output, value, spatial_shapes, level_start_index,
-                            sampling_locations, attention_weights, softmax, tiles: Tiles):
+def _deterministic_backward(grad_output, value, spatial_shapes, sampling_locations,
+                            attention_weights, softmax, tiles: Tiles):
     """The deterministic backward; with ``softmax`` the weights are logits: it
     runs on their point_softmax p (its grad_value needs the weights),
     and the logits' gradient is softmax's own backward of grad_attn.
@@ -138,9 +137,8 @@ def _deterministic_backward(grad_output, value, spatial_shapes, level_start_inde
     is recomputed, not kept from the forward: kept, it would be a second
     forward output, in fp32 where AMP logits are bf16 (twice the saved bytes)."""
     def backward(weights):
-        return launch_backward(grad_output, value, spatial_shapes, level_start_index,
-                               sampling_locations, weights, fp32_grad_accum=False,
-                               deterministic=True, tiles=tiles)
+        return launch_backward(grad_output, value, spatial_shapes, sampling_locations, weights,
+                               fp32_grad_accum=False, deterministic=True, tiles=tiles)
 
     if not softmax:
         return backward(attention_weights)
@@ -153,8 +151,8 @@ def _deterministic_backward(grad_output, value, spatial_shapes, level_start_inde
 
 
 @torch.library.custom_op("msda_mm::msda_forward", mutates_args=())
-def msda_forward(value: Tensor, spatial_shapes: Tensor, level_start_index: Tensor,
-                 sampling_locations: Tensor, attention_weights: Tensor,
+def msda_forward(value: Tensor, spatial_shapes: Tensor, sampling_locations: Tensor,
+                 attention_weights: Tensor,
                  fp32_grad_accum: Optional[bool], deterministic: Optional[bool],
                  softmax: bool = False) -> Tensor:
     """Shapes as in ``multi_scale_deformable_attention``; returns (B, Q, M*D)
@@ -163,12 +161,12 @@ def msda_forward(value: Tensor, spatial_shapes: Tensor, level_start_index: Tenso
     API).  Both custom ops launch with the tuned tiles (tiles.TUNED): the
     backward may run on another thread than the forward, where
     tile_override's block is not in force."""
-    return _forward_impl(value, spatial_shapes, level_start_index, sampling_locations,
+    return _forward_impl(value, spatial_shapes, sampling_locations,
                          attention_weights, softmax, TUNED)
 
 
 @msda_forward.register_fake
-def _(value, spatial_shapes, level_start_index, sampling_locations, attention_weights,
+def _(value, spatial_shapes, sampling_locations, attention_weights,
       fp32_grad_accum, deterministic, softmax=False):
     B, _, M, D = value.shape
     return value.new_empty(B, sampling_locations.shape[1], M * D)
@@ -176,7 +174,7 @@ def _(value, spatial_shapes, level_start_index, sampling_locations, attention_we
 
 @torch.library.custom_op("msda_mm::msda_backward", mutates_args=())
 def msda_backward(grad_output: Tensor, value: Tensor, spatial_shapes: Tensor,
-                  level_start_index: Tensor, sampling_locations: Tensor,
+                  sampling_locations: Tensor,
                   attention_weights: Tensor, fp32_grad_accum: Optional[bool],
                   deterministic: Optional[bool], softmax: bool = False
                   ) -> tuple[Tensor, Tensor, Tensor]:
@@ -184,22 +182,22 @@ def msda_backward(grad_output: Tensor, value: Tensor, spatial_shapes: Tensor,
     contiguous, each in its input's shape and dtype; with softmax,
     attention_weights are the forward's logits and the last gradient is
     theirs."""
-    return _backward_impl(grad_output, value, spatial_shapes, level_start_index,
+    return _backward_impl(grad_output, value, spatial_shapes,
                           sampling_locations, attention_weights, fp32_grad_accum, deterministic,
                           softmax, TUNED)
 
 
 @msda_backward.register_fake
-def _(grad_output, value, spatial_shapes, level_start_index, sampling_locations,
+def _(grad_output, value, spatial_shapes, sampling_locations,
       attention_weights, fp32_grad_accum, deterministic, softmax=False):
     return (value.new_empty(value.shape), sampling_locations.new_empty(sampling_locations.shape),
             attention_weights.new_empty(attention_weights.shape))
 
 
 def _setup_context(ctx, inputs, output):
-    (value, spatial_shapes, level_start_index, sampling_locations, attention_weights, accum,
+    (value, spatial_shapes, sampling_locations, attention_weights, accum,
      deterministic, softmax) = inputs
-    ctx.save_for_backward(value, spatial_shapes, level_start_index, sampling_locations,
+    ctx.save_for_backward(value, spatial_shapes, sampling_locations,
                           attention_weights)
     ctx.fp32_grad_accum = accum
     ctx.deterministic = deterministic
@@ -209,7 +207,7 @@ def _setup_context(ctx, inputs, output):
 def _backward(ctx, grad_output):
     grad_value, grad_loc, grad_attn = msda_backward(
         grad_output, *ctx.saved_tensors, ctx.fp32_grad_accum, ctx.deterministic, ctx.softmax)
-    return grad_value, None, None, grad_loc, grad_attn, None, None, None
+    return grad_value, None, grad_loc, grad_attn, None, None, None
 
 
 msda_forward.register_autograd(_backward, setup_context=_setup_context)
@@ -229,12 +227,12 @@ class EagerMSDA(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, value, spatial_shapes, level_start_index, sampling_locations,
+    def forward(ctx, value, spatial_shapes, sampling_locations,
                 attention_weights, fp32_grad_accum, deterministic, softmax):
-        _setup_context(ctx, (value, spatial_shapes, level_start_index, sampling_locations,
+        _setup_context(ctx, (value, spatial_shapes, sampling_locations,
                              attention_weights, fp32_grad_accum, deterministic, softmax), None)
         ctx.tiles = tiles = current_tiles()
-        out = _forward_impl(value, spatial_shapes, level_start_index, sampling_locations,
+        out = _forward_impl(value, spatial_shapes, sampling_locations,
                             attention_weights, softmax, tiles)
         # Planned for the float-atomic backward only; the backward checks the mode again.
         atomic = not resolve_deterministic(deterministic)
@@ -253,7 +251,7 @@ class EagerMSDA(torch.autograd.Function):
         else:
             _alert_nondeterministic()
             grads = run_backward(ctx.plan, grad_output, *ctx.saved_tensors)
-        return grads[0], None, None, grads[1], grads[2], None, None, None
+        return grads[0], None, grads[1], grads[2], None, None, None
 
 
 def multi_scale_deformable_attention(
@@ -332,8 +330,8 @@ def multi_scale_deformable_attention(
     H_l * W_l past int64).  Shapes that break this never read or write
     outside value and its gradient (the kernels mask every corner outside
     [0, S)) but give a wrong result.  level_start_index is not trusted: the
-    kernels never see the one passed (a CPU one is checked first), only
-    starts derived from spatial_shapes on the device.  Under torch.compile
+    kernels never see the one passed (a CPU one is checked first): each
+    derives the starts from spatial_shapes as it runs.  Under torch.compile
     the values are checked on no device.
     """
     del im2col_step
@@ -348,12 +346,8 @@ def multi_scale_deformable_attention(
                               level_start_index).to(value.dtype)
     check_levels(spatial_shapes, level_start_index, value.shape[1])
     spatial_shapes = spatial_shapes.contiguous()  # the kernels read (H, W) rows
-    # Starts derived, not passed: a CUDA index that disagrees with the shapes
-    # is invisible without a sync.  Eager: 1 launch, not the 3 aten ops that
-    # compile fuses into one kernel.
-    compiling = torch.compiler.is_compiling()
-    level_start_index = (level_start_index_from_shapes(spatial_shapes) if compiling
-                         else level_starts_on_device(spatial_shapes))
-    op = msda_forward if compiling else EagerMSDA.apply
-    return op(value, spatial_shapes, level_start_index, sampling_locations, attention_weights,
-              fp32_grad_accum, deterministic, softmax)
+    # level_start_index goes no further: a CUDA one that disagrees with the
+    # shapes is invisible without a sync, so the kernels derive the starts.
+    op = msda_forward if torch.compiler.is_compiling() else EagerMSDA.apply
+    return op(value, spatial_shapes, sampling_locations, attention_weights, fp32_grad_accum,
+              deterministic, softmax)

@@ -114,19 +114,36 @@ def load_corners(v_base, i00, W, m00, m01, m10, m11, stride_vs, offs_d, stride_v
 
 
 @triton.jit
-def _point_chunk(p0, shapes_ptr, starts_ptr, L: tl.constexpr, K: tl.constexpr,
-                 BLOCK_P: tl.constexpr):
+def level_size(shapes_ptr, j):
+    """H_j * W_j of level j (int32, as the kernels index value; an int64
+    product truncated to int32 is the same number)."""
+    return tl.load(shapes_ptr + 2 * j).to(tl.int32) * tl.load(shapes_ptr + 2 * j + 1).to(tl.int32)
+
+
+@triton.jit
+def level_start(shapes_ptr, l, L: tl.constexpr):
+    """Where level l (any int32 tensor of levels < L) starts in S: the sum of
+    H_j * W_j over j < l, derived from the shapes in the kernel, so that no
+    launch computes level_start_index and none passed in is ever read."""
+    start = tl.zeros_like(l)
+    for j in tl.static_range(L - 1):
+        start += tl.where(l > j, level_size(shapes_ptr, j), 0)
+    return start
+
+
+@triton.jit
+def _point_chunk(p0, shapes_ptr, L: tl.constexpr, K: tl.constexpr, BLOCK_P: tl.constexpr):
     """chunk_points and the points' level geometry H, W, start ([BLOCK_P]
     each, int32)."""
     l, k, pmask = chunk_points(p0, L, K, BLOCK_P)
     H = tl.load(shapes_ptr + 2 * l).to(tl.int32)
     W = tl.load(shapes_ptr + 2 * l + 1).to(tl.int32)
-    start = tl.load(starts_ptr + l).to(tl.int32)
+    start = level_start(shapes_ptr, l, L)
     return l, k, pmask, H[None, :], W[None, :], start[None, :]
 
 
 @triton.jit
-def sample_chunk(p0, b, m, q, qmask, shapes_ptr, starts_ptr, loc_ptr, attn_ptr, S,
+def sample_chunk(p0, b, m, q, qmask, shapes_ptr, loc_ptr, attn_ptr, S,
                   stride_lb, stride_lq, stride_lm, stride_ll, stride_lk, stride_lc,
                   stride_ab, stride_aq, stride_am, stride_al, stride_ak,
                   L: tl.constexpr, K: tl.constexpr, BLOCK_P: tl.constexpr, ACC: tl.constexpr):
@@ -135,7 +152,7 @@ def sample_chunk(p0, b, m, q, qmask, shapes_ptr, starts_ptr, loc_ptr, attn_ptr, 
     00 index, the four corner masks, the level width W and height H, the
     live-sample mask, the (l, k) offsets for the per-point outputs and the
     locations x, y."""
-    l, k, pmask, H, W, start = _point_chunk(p0, shapes_ptr, starts_ptr, L, K, BLOCK_P)
+    l, k, pmask, H, W, start = _point_chunk(p0, shapes_ptr, L, K, BLOCK_P)
     live = qmask[:, None] & pmask[None, :]
     lp = point_ptrs(loc_ptr, b, q, m, l, k, stride_lb, stride_lq, stride_lm, stride_ll,
                      stride_lk)

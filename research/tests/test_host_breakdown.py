@@ -29,21 +29,21 @@ def test_no_launches_skips_the_kernels_and_restores_them():
         with mock.patch.object(torch.Tensor, "new_empty",
                                lambda t, *size: torch.full(size, float("nan"), dtype=t.dtype)):
             fwd = launch_forward(inputs.value, inputs.spatial_shapes,
-                                 inputs.level_start_index, inputs.sampling_locations,
+                                 inputs.sampling_locations,
                                  inputs.attention_weights)
         assert torch.isnan(fwd).all()
         empty = torch.empty
         with mock.patch.object(torch, "empty", lambda *size, **kw: empty(*size, **kw).fill_(
                 float("nan"))):
             out = launch_backward(inputs.grad_output, inputs.value, inputs.spatial_shapes,
-                                  inputs.level_start_index, inputs.sampling_locations,
+                                  inputs.sampling_locations,
                                   inputs.attention_weights, False)
     # Neither the fill (zero_fill_kernel in the interpreter) nor the
     # backward kernel ran: grad_value is as allocated.
     assert torch.isnan(out[0]).all()
     assert [getattr(module, name) for module, name in host._KERNELS] == kernels
     real = launch_backward(inputs.grad_output, inputs.value, inputs.spatial_shapes,
-                           inputs.level_start_index, inputs.sampling_locations,
+                           inputs.sampling_locations,
                            inputs.attention_weights, False)
     assert torch.count_nonzero(real[0]) > 0
 
@@ -53,11 +53,11 @@ def test_ordinary_launches_bypass_fast_launch_and_restore_it():
     with host.ordinary_launches():
         assert [getattr(module, name) for module, name in host._KERNELS] == [f.fn for f in fast]
         inputs = make_inputs(PRESETS["tiny"], "uniform", seed=0)
-        out = launch_forward(inputs.value, inputs.spatial_shapes, inputs.level_start_index,
+        out = launch_forward(inputs.value, inputs.spatial_shapes,
                              inputs.sampling_locations, inputs.attention_weights)
     assert [getattr(module, name) for module, name in host._KERNELS] == fast
     torch.testing.assert_close(out, launch_forward(
-        inputs.value, inputs.spatial_shapes, inputs.level_start_index,
+        inputs.value, inputs.spatial_shapes,
         inputs.sampling_locations, inputs.attention_weights), rtol=0, atol=0)
 
 

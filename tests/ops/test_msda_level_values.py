@@ -1,17 +1,15 @@
 """spatial_shapes and level_start_index values: checked against each other
 and against value's S where reading them is free (CPU tensors, on the
-interpreted kernels and on the reference alike); on the Triton path the
-starts are derived from the shapes on the device, never read."""
+interpreted kernels and on the reference alike); on the Triton path each
+kernel derives the starts from the shapes, and never reads the passed ones."""
 import pytest
 import torch
 
 from msda_mm import msda_reference
 from msda_mm import multi_scale_deformable_attention as msda
-from msda_mm.ops import level_start_index_from_shapes
 from msda_mm.ops import op as op_module
-from msda_mm.ops.forward.level_starts import level_starts_on_device
 
-from msda_inputs import make_inputs, rel_err
+from msda_inputs import assert_close_to_reference, make_inputs, rel_err
 
 BACKENDS = ["interp", "reference"]
 # make_inputs' levels (4, 5) and (2, 3): S = 26, starts [0, 20].
@@ -85,57 +83,27 @@ def test_non_contiguous_shapes_are_read_as_their_values():
                                rtol=0, atol=0, msg=f"seed {seed}")
 
 
-@pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
-@pytest.mark.parametrize("shapes", [[[7, 9]], [[4, 5], [2, 3], [1, 1]],
-                                    [[100, 152], [50, 76], [25, 38], [13, 19], [7, 10]],
-                                    [[46341, 46341], [3, 5]]])  # starts past int32
-def test_device_starts_match_the_aten_derivation(dtype, shapes):
-    """level_starts_on_device (the one launch of the eager Triton path) and
-    level_start_index_from_shapes (what torch.compile traces) agree."""
-    spatial_shapes = torch.tensor(shapes, dtype=dtype)
-    got = level_starts_on_device(spatial_shapes)
-    assert got.dtype == torch.int64
-    assert got.tolist() == level_start_index_from_shapes(spatial_shapes).tolist()
+# Five levels of unequal sizes: every kernel derives each level's start from
+# the shapes as it runs (sampling.level_start, the pairs kernel's running sum,
+# the gather's _row_levels); a start off by one row shows in every output.
+FIVE_LEVELS = ((5, 7), (3, 4), (2, 2), (1, 3), (1, 1))
 
 
-def test_device_starts_are_kept_for_the_same_unmodified_shapes():
-    """The last call's starts serve the same tensor again, and only while it
-    is unmodified: an in-place change, another tensor or an inference tensor
-    (no version counter) gets starts of its own values."""
-    shapes = torch.tensor([[4, 5], [2, 3]])
-    first = level_starts_on_device(shapes)
-    assert level_starts_on_device(shapes) is first
-    shapes[0, 0] = 6  # bumps the version counter
-    changed = level_starts_on_device(shapes)
-    assert changed is not first and changed.tolist() == [0, 30]
-    other = torch.tensor([[6, 5], [2, 3]])
-    assert level_starts_on_device(other) is not changed
-    with torch.inference_mode():
-        frozen = torch.tensor([[1, 2], [3, 4]])
-        assert level_starts_on_device(frozen).tolist() == [0, 2]
-        frozen_again = level_starts_on_device(frozen)
-    assert frozen_again.tolist() == [0, 2]
-    assert level_starts_on_device(other).tolist() == [0, 30]
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_kernels_derive_the_starts_of_five_levels(dtype, pairs_launches):
+    """Forward (msda_fwd_kernel for fp32, msda_fwd_pairs_kernel for bf16)
+    and the float-atomic backward against the fp64 reference."""
+    args, seed = make_inputs(B=1, Q=5, M=2, D=4, K=2, shapes=FIVE_LEVELS, dtype=dtype, lo=0.0,
+                             hi=1.0)
+    assert_close_to_reference(args, "cpu", seed)
+    assert len(pairs_launches) == (dtype == torch.bfloat16)
 
 
-@pytest.mark.gpu
-def test_a_captured_graph_owns_its_level_starts():
-    """Kept starts are neither used nor kept while a CUDA graph is captured:
-    the graph's replay reads starts of its own pool, right after the eager
-    ones are dropped."""
-    shapes = torch.tensor([[4, 5], [2, 3]], device="cuda")
-    eager = level_starts_on_device(shapes)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        captured = level_starts_on_device(shapes)
-    assert captured is not eager and level_starts_on_device(shapes) is eager
-    level_starts_on_device(torch.tensor([[1, 1]], device="cuda"))  # drops the eager entry
-    del eager
-    torch.cuda.empty_cache()
-    captured.fill_(-1)
-    graph.replay()
-    torch.cuda.synchronize()
-    assert captured.tolist() == [0, 20]
+def test_deterministic_gathers_derive_the_starts_of_five_levels(sort):
+    """grad_value_gather_kernel finds each value row's level and start from
+    the shapes alone, under both sorts."""
+    args, seed = make_inputs(B=1, Q=5, M=2, D=4, K=2, shapes=FIVE_LEVELS, lo=0.0, hi=1.0)
+    assert_close_to_reference(args, "cpu", seed, deterministic=True)
 
 
 @pytest.mark.gpu

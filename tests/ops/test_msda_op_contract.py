@@ -10,7 +10,6 @@ from msda_mm import multi_scale_deformable_attention as msda
 from msda_mm.ops import op as op_module
 from msda_mm.ops.backward import launcher as backward_launcher
 from msda_mm.ops.deterministic import grad_value
-from msda_mm.ops.reference import level_start_index_from_shapes
 
 from msda_inputs import DEVICES, FLOAT_INPUTS, make_inputs, run_op
 
@@ -41,7 +40,6 @@ def test_gradcheck_fp64(device, softmax, Q, M, D):
 
 def _op_args(device, dtype=torch.float32):
     args, _ = make_inputs(B=2, Q=5, M=2, D=8, dtype=dtype, device=device)
-    args["level_start_index"] = level_start_index_from_shapes(args["spatial_shapes"])
     return args
 
 
@@ -52,12 +50,12 @@ def _op_args(device, dtype=torch.float32):
 @pytest.mark.parametrize("device", DEVICES)
 def test_opcheck_forward_and_backward(device, deterministic, softmax):
     a = _op_args(device)
-    fwd_args = (a["value"].requires_grad_(), a["spatial_shapes"], a["level_start_index"],
+    fwd_args = (a["value"].requires_grad_(), a["spatial_shapes"],
                 a["sampling_locations"].requires_grad_(), a["attention_weights"].requires_grad_(),
                 None, deterministic, softmax)
     torch.library.opcheck(torch.ops.msda_mm.msda_forward.default, fwd_args)
     grad_out = torch.randn(2, 5, 16, device=device)
-    bwd_args = (grad_out, *(t.detach() for t in fwd_args[:5]), None, deterministic, softmax)
+    bwd_args = (grad_out, *(t.detach() for t in fwd_args[:4]), None, deterministic, softmax)
     torch.library.opcheck(torch.ops.msda_mm.msda_backward.default, bwd_args)
 
 
@@ -142,13 +140,13 @@ class _KernelSpy:
 
 
 def _bwd_spy(monkeypatch):
-    spy = _KernelSpy(backward_launcher.msda_bwd_kernel, 6)  # grad_value_ptr
+    spy = _KernelSpy(backward_launcher.msda_bwd_kernel, 5)  # grad_value_ptr
     monkeypatch.setattr(backward_launcher, "msda_bwd_kernel", spy)
     return spy
 
 
 def _gather_spy(monkeypatch):
-    spy = _KernelSpy(grad_value.grad_value_gather_kernel, 8)  # grad_value_ptr
+    spy = _KernelSpy(grad_value.grad_value_gather_kernel, 7)  # grad_value_ptr
     monkeypatch.setattr(grad_value, "grad_value_gather_kernel", spy)
     return spy
 

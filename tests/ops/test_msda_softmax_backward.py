@@ -38,8 +38,8 @@ class _BackwardSpy:
 
     def __getitem__(self, grid):
         def launch_(*args, **kwargs):
-            self.launches.append(dict(softmax=kwargs["SOFTMAX"], weights=args[5],
-                                      grad_attn=args[8], grad_logit=args[9]))
+            self.launches.append(dict(softmax=kwargs["SOFTMAX"], weights=args[4],
+                                      grad_attn=args[7], grad_logit=args[8]))
             return self.kernel[grid](*args, **kwargs)
         return launch_
 
@@ -80,8 +80,9 @@ def test_deterministic_backward_runs_on_the_softmax_weights(spy):
 def test_launcher_refuses_softmax_with_deterministic():
     args, _ = logit_inputs()
     with pytest.raises(ValueError, match="softmax=True takes the float-atomic backward only"):
-        launch_backward(torch.zeros(2, 5, 16), *args.values(), fp32_grad_accum=False,
-                        deterministic=True, softmax=True)
+        launch_backward(torch.zeros(2, 5, 16), args["value"], args["spatial_shapes"],
+                        args["sampling_locations"], args["attention_weights"],
+                        fp32_grad_accum=False, deterministic=True, softmax=True)
 
 
 @pytest.mark.parametrize("device", DEVICES)

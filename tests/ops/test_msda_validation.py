@@ -62,9 +62,9 @@ def test_numpy_bool_fp32_grad_accum_is_a_bool(monkeypatch):
     # accepted once only None/True/False are, and reaches the op as a bool.
     from msda_mm.ops import op as op_module
     seen = []
-    # apply(value, shapes, starts, locations, weights, fp32_grad_accum, ...)
+    # apply(value, shapes, locations, weights, fp32_grad_accum, ...)
     monkeypatch.setattr(op_module.EagerMSDA, "apply",
-                        lambda *args: seen.append(args[5]) or args[0].new_zeros(1))
+                        lambda *args: seen.append(args[4]) or args[0].new_zeros(1))
     args = make_inputs(B=1, Q=2, M=2, D=8, K=2)[0]
     msda(**args, fp32_grad_accum=np.bool_(True))
     assert seen == [True] and type(seen[0]) is bool

@@ -71,7 +71,7 @@ def _softmax_backward(b, m, q, qmask, attn_ptr, grad_attn_ptr, grad_logit_ptr, r
 
 @triton.jit
 def msda_bwd_kernel(
-    grad_out_ptr, value_ptr, shapes_ptr, starts_ptr, loc_ptr, attn_ptr,
+    grad_out_ptr, value_ptr, shapes_ptr, loc_ptr, attn_ptr,
     grad_value_ptr, grad_loc_ptr, grad_attn_ptr, grad_logit_ptr, ranks_ptr, counts_ptr,
     keys_ptr, records_ptr, CELLS, KEY_BIAS, Q, S, D: tl.constexpr,
     stride_gob, stride_goq, stride_gom, stride_god,
@@ -123,7 +123,7 @@ def msda_bwd_kernel(
         dot = tl.zeros_like(row_max)
     for p0 in range(0, L * K, BLOCK_P):
         w, lx, ly, i00, m00, m01, m10, m11, W, H, live, l, k, x, y = sample_chunk(
-            p0, b, m, q, qmask, shapes_ptr, starts_ptr, loc_ptr, attn_ptr, S,
+            p0, b, m, q, qmask, shapes_ptr, loc_ptr, attn_ptr, S,
             stride_lb, stride_lq, stride_lm, stride_ll, stride_lk, stride_lc,
             stride_ab, stride_aq, stride_am, stride_al, stride_ak, L, K, BLOCK_P, ACC)
         if counts_ptr is not None:

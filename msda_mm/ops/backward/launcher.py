@@ -72,8 +72,8 @@ def plan_backward(value, sampling_locations, attention_weights, fp32_grad_accum:
                         g_dtype, strides, (Q, S, D), M)
 
 
-def run_backward(plan: BackwardPlan, grad_output, value, spatial_shapes, level_start_index,
-                 sampling_locations, attention_weights):
+def run_backward(plan: BackwardPlan, grad_output, value, spatial_shapes, sampling_locations,
+                 attention_weights):
     """launch_backward with its plan_backward made before."""
     launch_grid, meta, accum, sort, gather, g_dtype, strides, sizes, M = plan
     # torch.empty: one aten op where new_empty is two.
@@ -101,8 +101,8 @@ def run_backward(plan: BackwardPlan, grad_output, value, spatial_shapes, level_s
         pdl = fill_zeros(grad_value)
     with runtime.device_guard(value):
         msda_bwd_kernel[launch_grid](
-            grad_output, value, spatial_shapes, level_start_index, sampling_locations,
-            attention_weights, grad_value, grad_loc, g_attn, grad_logit, *kernel_args(buffers),
+            grad_output, value, spatial_shapes, sampling_locations, attention_weights,
+            grad_value, grad_loc, g_attn, grad_logit, *kernel_args(buffers),
             *sizes, *go_strides, *strides, *gv_strides, *grad_loc.stride(), *g_attn.stride(),
             PDL=pdl, launch_pdl=pdl, **meta,
         )
@@ -111,15 +111,15 @@ def run_backward(plan: BackwardPlan, grad_output, value, spatial_shapes, level_s
         buckets = bucket_samples(go, value, spatial_shapes, sampling_locations,
                                  attention_weights, buffers, meta["ACC"])
         del buffers  # the stable sort's keys and records in sample order: freed before the gather
-        grad_value = gather_grad_value(go, value, spatial_shapes, level_start_index, buckets,
-                                       sizes[0], meta["ACC"], gather)
+        grad_value = gather_grad_value(go, value, spatial_shapes, buckets, sizes[0], meta["ACC"],
+                                       gather)
     elif accum != value.dtype:
         grad_value = grad_value.to(value.dtype)
     return grad_value, grad_loc, grad_attn
 
 
-def launch_backward(grad_output, value, spatial_shapes, level_start_index, sampling_locations,
-                    attention_weights, fp32_grad_accum: bool, deterministic: bool = False,
+def launch_backward(grad_output, value, spatial_shapes, sampling_locations, attention_weights,
+                    fp32_grad_accum: bool, deterministic: bool = False,
                     softmax: bool = False, tiles: Tiles = TUNED):
     """Non-empty inputs only.  grad_output (B, Q, M * D).  Returns (grad_value,
     grad_loc, grad_attn), each contiguous in its input's dtype and shape.
@@ -139,5 +139,5 @@ def launch_backward(grad_output, value, spatial_shapes, level_start_index, sampl
     """
     plan = plan_backward(value, sampling_locations, attention_weights, fp32_grad_accum,
                          deterministic, softmax, tiles)
-    return run_backward(plan, grad_output, value, spatial_shapes, level_start_index,
-                        sampling_locations, attention_weights)
+    return run_backward(plan, grad_output, value, spatial_shapes, sampling_locations,
+                        attention_weights)

@@ -25,7 +25,7 @@ import triton
 import triton.language as tl
 
 from ..jit_helpers import head_base, pair_halves, pair_words, program_tile, row_ptrs
-from ..sampling import bilinear_weight
+from ..sampling import bilinear_weight, level_size, level_start
 from .bound import query_max_ptrs
 from .cells import ext_start
 from .exact_sums import SUM_BITS, TERM_BITS, integer_terms
@@ -43,14 +43,16 @@ from .records import record_fields, record_ptrs
 
 
 @triton.jit
-def _row_levels(s, shapes_ptr, starts_ptr, L: tl.constexpr):
+def _row_levels(s, shapes_ptr, L: tl.constexpr):
     """Level l of each value row s and its H, W, start (int32, s's shape)."""
     lvl = tl.zeros(s.shape, dtype=tl.int32)
+    start = tl.zeros([], dtype=tl.int32)  # level j's
     for j in tl.static_range(1, L):
-        lvl += (s >= tl.load(starts_ptr + j)).to(tl.int32)
+        start += level_size(shapes_ptr, j - 1)
+        lvl += (s >= start).to(tl.int32)
     H = tl.load(shapes_ptr + 2 * lvl).to(tl.int32)
     W = tl.load(shapes_ptr + 2 * lvl + 1).to(tl.int32)
-    return lvl, H, W, tl.load(starts_ptr + lvl).to(tl.int32)
+    return lvl, H, W, level_start(shapes_ptr, lvl, L)
 
 
 @triton.jit
@@ -137,7 +139,7 @@ def _row_exponents(gq_ptr, records_ptr, b, m, d0, d1, d2, d3, e0, e1, e2, n, Q,
 
 @triton.jit
 def grad_value_gather_kernel(
-    grad_out_ptr, shapes_ptr, starts_ptr, bound_ptr, gq_ptr, lo_ptr, hi_ptr, records_ptr,
+    grad_out_ptr, shapes_ptr, bound_ptr, gq_ptr, lo_ptr, hi_ptr, records_ptr,
     grad_value_ptr, Q, S, CELLS, HEAD_STRIDE, CELL_STRIDE, D: tl.constexpr,
     stride_gob, stride_goq, stride_gom, stride_god,
     stride_gvb, stride_gvs, stride_gvm,
@@ -172,7 +174,7 @@ def grad_value_gather_kernel(
     programs start first."""
     b, m, r, rmask, offs_d, dmask = program_tile(S, D, BLOCK_S, BLOCK_D)
     s = S - 1 - r
-    lvl, H, W, start = _row_levels(s, shapes_ptr, starts_ptr, L)
+    lvl, H, W, start = _row_levels(s, shapes_ptr, L)
     # A level is empty of rows where shapes do not tile value (W < 1 or rows
     # past the last level): those rows get no entries, and no division by 0.
     W1 = tl.maximum(W, 1)

@@ -14,8 +14,8 @@ from .buckets import Buckets
 grad_value_gather_kernel = FastLaunch(gather.grad_value_gather_kernel)
 
 
-def gather_grad_value(go, value, spatial_shapes, level_start_index, buckets: Buckets, Q: int,
-                      acc_dtype, tile: dict) -> torch.Tensor:
+def gather_grad_value(go, value, spatial_shapes, buckets: Buckets, Q: int, acc_dtype,
+                      tile: dict) -> torch.Tensor:
     """grad_value in value's dtype, without atomics, gathered per value row
     from the bucketed samples of Q queries (gather.py; ``tile`` the gather's,
     Tiles.tile("gather", ...)).  With the counting sort summed as integers
@@ -27,7 +27,7 @@ def gather_grad_value(go, value, spatial_shapes, level_start_index, buckets: Buc
     grad_value = torch.empty(value.shape, device=value.device, dtype=value.dtype)
     with runtime.device_guard(value):
         grad_value_gather_kernel[runtime.grid(value, S, tile["BLOCK_Q"])](
-            go, spatial_shapes, level_start_index, buckets.bound, buckets.query_max, buckets.lo,
+            go, spatial_shapes, buckets.bound, buckets.query_max, buckets.lo,
             buckets.hi, buckets.records, grad_value, Q, S, buckets.cells, *buckets.strides, D,
             *go.stride(), *grad_value.stride()[:3],
             L=spatial_shapes.shape[0], BLOCK_S=tile["BLOCK_Q"], BLOCK_E=tile["BLOCK_P"],

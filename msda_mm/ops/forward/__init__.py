@@ -1,3 +1,1 @@
-"""The forward: its kernels (kernels.py), their launcher (launcher.py) and
-the level starts that the eager path derives on the device
-(level_starts.py)."""
+"""The forward: its kernels (kernels.py) and their launcher (launcher.py)."""

@@ -36,7 +36,7 @@ from ..sampling import (
 
 @triton.jit
 def msda_fwd_kernel(
-    value_ptr, shapes_ptr, starts_ptr, loc_ptr, attn_ptr, out_ptr,
+    value_ptr, shapes_ptr, loc_ptr, attn_ptr, out_ptr,
     Q, S, D: tl.constexpr,
     stride_vb, stride_vs, stride_vm, stride_vd,
     stride_lb, stride_lq, stride_lm, stride_ll, stride_lk, stride_lc,
@@ -49,7 +49,8 @@ def msda_fwd_kernel(
         sum_{l,k} attn[b,q,m,l,k] * bilinear(value[b, level l, m, :], loc[b,q,m,l,k]).
 
     value (B, S, M, D); loc (B, Q, M, L, K, 2); attn (B, Q, M, L, K);
-    out (B, Q, M, D); shapes (L, 2) int (H, W); starts (L,) int.
+    out (B, Q, M, D); shapes (L, 2) int (H, W): each level starts where
+    the ones before it end (sampling.level_start).
     Grid: (cdiv(Q, BLOCK_Q), M, B).
 
     SOFTMAX: attn holds logits, and the weights are their softmax over the
@@ -66,7 +67,7 @@ def msda_fwd_kernel(
         row_sum = tl.zeros_like(row_max)
     for p0 in range(0, L * K, BLOCK_P):
         w, lx, ly, i00, m00, m01, m10, m11, W, H, live, l, k, _, _ = sample_chunk(
-            p0, b, m, q, qmask, shapes_ptr, starts_ptr, loc_ptr, attn_ptr, S,
+            p0, b, m, q, qmask, shapes_ptr, loc_ptr, attn_ptr, S,
             stride_lb, stride_lq, stride_lm, stride_ll, stride_lk, stride_lc,
             stride_ab, stride_aq, stride_am, stride_al, stride_ak, L, K, BLOCK_P, ACC)
         if SOFTMAX:
@@ -98,7 +99,7 @@ def _acc_pair_rows(acc_lo, acc_hi, ptrs, mask, c, HALF: tl.constexpr):
 
 @triton.jit
 def msda_fwd_pairs_kernel(
-    value_ptr, shapes_ptr, starts_ptr, loc_ptr, attn_ptr, out_ptr,
+    value_ptr, shapes_ptr, loc_ptr, attn_ptr, out_ptr,
     Q, S, D: tl.constexpr,
     stride_vb, stride_vs, stride_vm,
     stride_lb, stride_lq, stride_lm, stride_ll, stride_lk, stride_lc,
@@ -137,10 +138,10 @@ def msda_fwd_pairs_kernel(
                              stride_al, stride_ak, L, K, triton.next_power_of_2(L * K),
                              tl.float32)
         row_sum = tl.zeros([BLOCK_Q], dtype=tl.float32)
+    start = tl.zeros([], dtype=tl.int32)  # level l's, summed level by level
     for l in tl.static_range(L):
         H = tl.load(shapes_ptr + 2 * l).to(tl.int32)
         W = tl.load(shapes_ptr + 2 * l + 1).to(tl.int32)
-        start = tl.load(starts_ptr + l).to(tl.int32)
         for k in tl.static_range(K):
             lp = loc_q + l * stride_ll + k * stride_lk
             x = tl.load(lp, mask=qmask, other=0.0).to(tl.float32)
@@ -166,6 +167,7 @@ def msda_fwd_pairs_kernel(
                                             w * ly * hx, HALF)
             acc_lo, acc_hi = _acc_pair_rows(acc_lo, acc_hi, p10 + row, m11[:, None] & jm,
                                             w * ly * lx, HALF)
+        start += H * W
 
     if SOFTMAX:
         inv_sum = (1.0 / row_sum)[:, None]

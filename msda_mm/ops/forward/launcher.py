@@ -15,14 +15,13 @@ msda_fwd_kernel = FastLaunch(kernels.msda_fwd_kernel)
 msda_fwd_pairs_kernel = FastLaunch(kernels.msda_fwd_pairs_kernel)
 
 
-def launch_forward(value, spatial_shapes, level_start_index, sampling_locations,
-                   attention_weights, softmax: bool = False, tiles: Tiles = TUNED
-                   ) -> torch.Tensor:
+def launch_forward(value, spatial_shapes, sampling_locations, attention_weights,
+                   softmax: bool = False, tiles: Tiles = TUNED) -> torch.Tensor:
     """Non-empty inputs only (B * Q * M * D > 0).
 
-    value (B, S, M, D); spatial_shapes (L, 2) int; level_start_index (L,)
-    int; sampling_locations (B, Q, M, L, K, 2); attention_weights
-    (B, Q, M, L, K), or with ``softmax`` logits whose softmax over the
+    value (B, S, M, D); spatial_shapes (L, 2) int (the kernels derive each
+    level's start from it); sampling_locations (B, Q, M, L, K, 2);
+    attention_weights (B, Q, M, L, K), or with ``softmax`` logits whose softmax over the
     L * K points the kernel takes.  ``tiles``: the tile policy.  Returns
     (B, Q, M * D) in value's dtype."""
     B, S, M, D = value.shape
@@ -39,7 +38,7 @@ def launch_forward(value, spatial_shapes, level_start_index, sampling_locations,
         meta = dict(tiles.tile("fwd", value, L * K, B * Q * M), ACC=acc)
     with runtime.device_guard(value):
         kernel[runtime.grid(value, Q, meta["BLOCK_Q"])](
-            value, spatial_shapes, level_start_index, sampling_locations, attention_weights, out,
+            value, spatial_shapes, sampling_locations, attention_weights, out,
             Q, S, D,
             *value.stride()[:strides], *sampling_locations.stride(),
             *attention_weights.stride(), *out.stride()[:strides],
