@@ -1,10 +1,13 @@
 """tools/benchmark.py and bench.op on CPU: the input generators, the
-targets check, a smoke run of the whole tool on the tiny preset, and the
-mmcv_cuda rows (mmcv's Function on a fake build of its kernels)."""
+targets check, a smoke run of the whole tool on the tiny preset, the
+mmcv_cuda rows (mmcv's Function on a fake build of its kernels) and the
+deformops rows (a stand-in deformops module)."""
 import csv
 import json
 import math
 import runpy
+import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -15,6 +18,7 @@ from bench.op.presets import PRESETS, Preset, pyramid
 from bench.op.report import console_table
 from bench.op.targets import apply_targets, load_targets
 from msda_mm.compat import MMCV_LITE
+from msda_mm.ops import msda_reference
 
 # isort: split
 # After msda_mm, whose mmcv-lite shims make it importable.
@@ -226,3 +230,93 @@ def test_deterministic_rows_beside_the_default(tmp_path):
     assert cells["msda_mm_det"]["err_rel_grad_value"] < 2 * 2.0**-8
     assert cells["msda_mm_det"]["fp32_grad_accum"] is None
     assert cells["msda_mm"]["fp32_grad_accum"] is True
+
+
+def _standin_deformops(calls, with_function=True):
+    """A stand-in for PyPI deformops: ``deform2d_multiscale`` with the call
+    bench/op/deformops_msda.py makes (mmcv's order and layouts), computing
+    with msda_mm's reference; each call's (shape, dtype) per argument goes
+    to ``calls``."""
+    module = types.ModuleType("deformops")
+    module.__version__ = "3.0.1"
+
+    def deform2d_multiscale(values, shapes, start_index, locs, attn, im2col_step=128):
+        calls.append([(tuple(t.shape), t.dtype) for t in (values, shapes, start_index, locs,
+                                                          attn)])
+        return msda_reference(values, shapes, locs, attn, start_index)
+
+    if with_function:
+        module.deform2d_multiscale = deform2d_multiscale
+    return module
+
+
+def test_deformops_rows_call_its_function_in_mmcv_layouts(monkeypatch):
+    from bench.op import impls
+    calls = []
+    monkeypatch.setitem(sys.modules, "deformops", _standin_deformops(calls))
+    assert impls.unavailable("deformops", torch.device("cpu"), torch.bfloat16) is None
+    # float64 inputs: the stand-in computes what the reference computes, to the bit.
+    x = make_inputs(PRESETS["tiny"], "uniform").to("cpu", torch.float64)
+    args = (x.value, x.sampling_locations.double(), x.attention_weights.double())
+    torch.testing.assert_close(impls.bind("deformops", x)(*args),
+                               impls.bind("reference", x)(*args), rtol=0, atol=0)
+    B, S, M, D, Q = x.value.shape + (x.sampling_locations.shape[1],)
+    L, K = x.attention_weights.shape[3:]
+    assert calls[0] == [((B, S, M, D), torch.float64), ((L, 2), torch.int64),
+                        ((L,), torch.int64), ((B, Q, M, L, K, 2), torch.float64),
+                        ((B, Q, M, L, K), torch.float64)]
+    # A bf16 value: locations and weights (fp32 in the benchmark) go in its dtype.
+    x = make_inputs(PRESETS["tiny"], "uniform").to("cpu", torch.bfloat16)
+    out = impls.bind("deformops", x)(x.value, x.sampling_locations, x.attention_weights)
+    assert [dtype for _, dtype in calls[1]] == [torch.bfloat16, torch.int64, torch.int64,
+                                                torch.bfloat16, torch.bfloat16]
+    assert out.dtype == torch.bfloat16
+
+
+def test_deformops_rows_through_the_tool(monkeypatch, tmp_path, capsys):
+    calls = []
+    monkeypatch.setitem(sys.modules, "deformops", _standin_deformops(calls))
+    out = tmp_path / "bench"
+    assert runpy.run_path(str(TOOL))["main"](
+        ["--device", "cpu", "--presets", "tiny", "--dtypes", "fp32", "--locations", "uniform",
+         "--impl", "reference,deformops", "--budget-ms", "1", "--out", str(out)]) == 0
+    cells = {c["impl"]: c for c in json.loads((out / "cpu.json").read_text())["cells"]}
+    assert cells["deformops"]["status"] == "ok", cells["deformops"]["note"]
+    # fp32: the reference in fp32 against itself in fp64, rounding only.
+    assert cells["deformops"]["max_err"] < 1e-5
+    assert calls and "deformops" in capsys.readouterr().out
+
+
+def test_without_deformops_its_rows_say_how_to_install_it(monkeypatch, tmp_path, capsys):
+    monkeypatch.setitem(sys.modules, "deformops", None)  # import deformops: not found
+    out = tmp_path / "bench"
+    assert runpy.run_path(str(TOOL))["main"](
+        ["--device", "cpu", "--presets", "tiny", "--dtypes", "fp32,bf16", "--locations",
+         "uniform", "--impl", "deformops,reference", "--budget-ms", "1", "--out", str(out)]) == 0
+    table = capsys.readouterr().out
+    assert ("n/a   deformops (2 cells): PyPI package deformops is not installed: "
+            "pip install deformops") in table
+    cells = json.loads((out / "cpu.json").read_text())["cells"]
+    assert [c["status"] for c in cells if c["impl"] == "reference"] == ["ok", "ok"]
+
+
+def test_a_deformops_without_the_function_names_the_expected_call(monkeypatch):
+    from bench.op import impls
+    monkeypatch.setitem(sys.modules, "deformops", _standin_deformops([], with_function=False))
+    x = make_inputs(PRESETS["tiny"], "uniform")
+    with pytest.raises(AttributeError, match=r"deformops 3.0.1 has no deform2d_multiscale: "
+                                             r"the benchmark calls deformops.deform2d_multiscale"
+                                             r"\(value \(B, S, M, D\), spatial_shapes"):
+        impls.bind("deformops", x)
+
+
+@pytest.mark.gpu
+def test_deformops_rows_on_cuda(tmp_path):
+    # The installed package, through the call bench/op/deformops_msda.py makes.
+    pytest.importorskip("deformops", reason="deformops is not installed: pip install deformops")
+    assert runpy.run_path(str(TOOL))["main"](
+        ["--presets", "tiny", "--locations", "uniform", "--dtypes", "fp32,bf16", "--impl",
+         "deformops", "--budget-ms", "2", "--out", str(tmp_path)]) == 0
+    cells = {c["dtype"]: c for c in json.loads(next(tmp_path.glob("*.json")).read_text())["cells"]}
+    assert all(c["status"] == "ok" for c in cells.values()), cells
+    assert cells["fp32"]["max_err"] < 1e-5  # fp32 rounding, as for mmcv's kernels

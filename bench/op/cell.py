@@ -54,6 +54,9 @@ METHOD = {
                       "(locations and weights cast to value's dtype, im2col_step 64) on "
                       "compiled mmcv's CUDA kernels / on msda_mm's build of them from the mmcv "
                       "sdist (tools/build_mmcv_msda.py), same timers as the others",
+    "deformops": "PyPI deformops' deform2d_multiscale (bench/op/deformops_msda.py) with "
+                 "locations and weights cast to value's dtype, on the kernel deformops picks "
+                 "for the call, same timers as the others",
 }
 
 

@@ -6,6 +6,9 @@ module calls it (locations and weights cast to value's dtype, so no bf16;
 im2col_step 64) on mmcv's CUDA kernels: compiled mmcv's ('mmcv'), or on
 mmcv-lite msda_mm's build of them from the mmcv sdist ('mmcv_cuda',
 tools/build_mmcv_msda.py), which only runs inside ``routed(impl)``.
+
+'deformops' is PyPI deformops' op (bench/op/deformops_msda.py), where it is
+installed, with locations and weights cast to value's dtype as for mmcv.
 """
 from __future__ import annotations
 
@@ -19,10 +22,11 @@ import torch
 
 from msda_mm.ops import msda_reference, multi_scale_deformable_attention
 
+from .deformops_msda import deformops_missing, deformops_msda_function
 from .inputs import MSDAInputs
 
 # msda_mm_det: msda_mm with deterministic=True (grad_value without atomics).
-IMPLS = ("msda_mm", "msda_mm_det", "reference", "mmcv", "mmcv_cuda")
+IMPLS = ("msda_mm", "msda_mm_det", "reference", "mmcv", "mmcv_cuda", "deformops")
 MSDA_MM = ("msda_mm", "msda_mm_det")
 _MMCV_IMPLS = ("mmcv", "mmcv_cuda")
 
@@ -81,6 +85,8 @@ def tiled(impl: str) -> tuple[str, dict]:
 
 def unavailable(impl: str, device: torch.device, dtype: torch.dtype) -> Optional[str]:
     """Why ``impl`` cannot run on ``device`` with a ``dtype`` value, or None."""
+    if impl == "deformops":
+        return deformops_missing()
     if impl not in _MMCV_IMPLS:
         return None
     if device.type != "cuda":
@@ -125,4 +131,7 @@ def bind(impl: str, inputs: MSDAInputs, fp32_grad_accum: Optional[bool] = None) 
         from msda_mm.compat.mmcv_cuda_switch import mmcv_function
 
         return lambda v, loc, attn: mmcv_function(v, shapes, starts, loc, attn)
+    if impl == "deformops":
+        msda = deformops_msda_function()
+        return lambda v, loc, attn: msda(v, shapes, starts, loc.to(v.dtype), attn.to(v.dtype))
     raise ValueError(f"unknown implementation {impl!r}, expected one of {IMPLS}")

@@ -5,7 +5,10 @@ import pytest
 import torch
 from mmdet.registry import OPTIM_WRAPPERS
 from mmdet.testing import demo_mm_inputs
+from mmengine.model import BaseModel
 from mmengine.optim.optimizer import amp_optimizer_wrapper
+from mmengine.runner import Runner
+from torch.utils.data import Dataset
 
 from msda_mm.engine import SelectiveAmpOptimWrapper, selective_amp_optim_wrapper
 
@@ -139,3 +142,66 @@ def test_dino_bf16_step_on_cuda_keeps_the_head_in_fp32(quiet_mmengine):
     log_vars = _step(model, _wrapper(model, fp32_modules=["bbox_head"]), device="cuda")
     assert seen == {"head": {torch.float32}, "encoder": {torch.bfloat16}}
     assert all(torch.isfinite(torch.as_tensor(v)) for v in log_vars.values())
+
+
+class _Net(BaseModel):
+    def __init__(self):
+        super().__init__()
+        self.trunk = torch.nn.Linear(2, 2)
+        self.head = torch.nn.Sequential(torch.nn.Linear(2, 2))
+
+    def forward(self, inputs, data_samples=None, mode="tensor"):
+        out = self.head(self.trunk(torch.stack(inputs)))
+        return {"loss": out.float().pow(2).mean()} if mode == "loss" else out
+
+
+class _Samples(Dataset):
+    """Two samples; ``loadable=False`` raises on any load, so that a Runner
+    that gets as far as the first batch fails with this, not ValueError."""
+
+    def __init__(self, loadable):
+        self.loadable = loadable
+
+    def __len__(self):
+        return 2
+
+    def __getitem__(self, index):
+        if not self.loadable:
+            raise LookupError("a training batch was loaded")
+        return dict(inputs=torch.full((2,), float(index)))
+
+
+def _runner(tmp_path, model, dataset, constructor, fp32_modules):
+    return Runner(model=model, work_dir=str(tmp_path), experiment_name=tmp_path.name,
+                  default_scope="mmdet", default_hooks=dict(checkpoint=None),
+                  train_dataloader=dict(dataset=dataset, batch_size=2, num_workers=0,
+                                        sampler=dict(type="DefaultSampler", shuffle=False)),
+                  train_cfg=dict(by_epoch=False, max_iters=1),
+                  optim_wrapper=dict(type="SelectiveAmpOptimWrapper", dtype="bfloat16",
+                                     constructor=constructor, fp32_modules=fp32_modules,
+                                     optimizer=dict(type="SGD", lr=1e-3)))
+
+
+CONSTRUCTORS = ["DefaultOptimWrapperConstructor", "MergedGroupsOptimWrapperConstructor"]
+
+
+@pytest.mark.parametrize("constructor", CONSTRUCTORS)
+@pytest.mark.parametrize("path, close", [("heads", "'head'"), ("head.0.weight", "'head.0'")])
+def test_a_runner_refuses_a_bad_path_before_loading_data(path, close, constructor, tmp_path,
+                                                         quiet_mmengine, cuda_check_passes):
+    runner = _runner(tmp_path, _Net(), _Samples(loadable=False), constructor, ["trunk", path])
+    with pytest.raises(ValueError, match=rf"SelectiveAmpOptimWrapper: fp32_modules: _Net has no "
+                                         rf"submodule '{path}' .*close matches: \[{close}"):
+        runner.train()
+
+
+@pytest.mark.parametrize("constructor", CONSTRUCTORS)
+def test_a_runner_trains_with_good_paths(constructor, tmp_path, quiet_mmengine,
+                                         cuda_check_passes):
+    model = _Net()
+    seen = {"trunk": set(), "head": set()}
+    for name in seen:
+        getattr(model, name).register_forward_hook(
+            lambda module, args, output, name=name: seen[name].add(output.dtype))
+    _runner(tmp_path, model, _Samples(loadable=True), constructor, ["head"]).train()
+    assert seen == {"trunk": {torch.bfloat16}, "head": {torch.float32}}
