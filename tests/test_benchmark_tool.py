@@ -1,10 +1,11 @@
 """tools/benchmark.py and bench.op on CPU: the input generators, the
 targets check, a smoke run of the whole tool on the tiny preset, the
 mmcv_cuda rows (mmcv's Function on a fake build of its kernels) and the
-deformops rows (a stand-in deformops module)."""
+optional peer packages' rows (stand-in modules)."""
 import csv
 import json
 import math
+import re
 import runpy
 import sys
 import types
@@ -14,6 +15,7 @@ import pytest
 import torch
 
 from bench.op.inputs import CLUSTER_SIGMA_PX, make_inputs
+from bench.op.peers import PEERS
 from bench.op.presets import PRESETS, Preset, pyramid
 from bench.op.report import console_table
 from bench.op.targets import apply_targets, load_targets
@@ -232,33 +234,38 @@ def test_deterministic_rows_beside_the_default(tmp_path):
     assert cells["msda_mm"]["fp32_grad_accum"] is True
 
 
-def _standin_deformops(calls, with_function=True):
-    """A stand-in for PyPI deformops: ``deform2d_multiscale`` with the call
-    bench/op/deformops_msda.py makes (mmcv's order and layouts), computing
-    with msda_mm's reference; each call's (shape, dtype) per argument goes
-    to ``calls``."""
-    module = types.ModuleType("deformops")
-    module.__version__ = "3.0.1"
+# The optional peer packages, each test run for every one of them alike.
+ALL_PEERS = pytest.mark.parametrize("peer", PEERS.values(), ids=lambda p: p.impl)
 
-    def deform2d_multiscale(values, shapes, start_index, locs, attn, im2col_step=128):
+
+def _standin(peer, calls, with_function=True):
+    """A stand-in for ``peer``'s package: its function with the call
+    bench/op/peers.py makes (mmcv's order and layouts), computing with
+    msda_mm's reference; each call's (shape, dtype) per argument goes to
+    ``calls``."""
+    module = types.ModuleType(peer.module)
+    module.__version__ = "0.0.1"
+
+    def msda(values, shapes, start_index, locs, attn, **options):
         calls.append([(tuple(t.shape), t.dtype) for t in (values, shapes, start_index, locs,
                                                           attn)])
         return msda_reference(values, shapes, locs, attn, start_index)
 
     if with_function:
-        module.deform2d_multiscale = deform2d_multiscale
+        setattr(module, peer.function, msda)
     return module
 
 
-def test_deformops_rows_call_its_function_in_mmcv_layouts(monkeypatch):
+@ALL_PEERS
+def test_peer_rows_call_its_function_in_mmcv_layouts(monkeypatch, peer):
     from bench.op import impls
     calls = []
-    monkeypatch.setitem(sys.modules, "deformops", _standin_deformops(calls))
-    assert impls.unavailable("deformops", torch.device("cpu"), torch.bfloat16) is None
+    monkeypatch.setitem(sys.modules, peer.module, _standin(peer, calls))
+    assert impls.unavailable(peer.impl, torch.device("cuda"), torch.bfloat16) is None
     # float64 inputs: the stand-in computes what the reference computes, to the bit.
     x = make_inputs(PRESETS["tiny"], "uniform").to("cpu", torch.float64)
     args = (x.value, x.sampling_locations.double(), x.attention_weights.double())
-    torch.testing.assert_close(impls.bind("deformops", x)(*args),
+    torch.testing.assert_close(impls.bind(peer.impl, x)(*args),
                                impls.bind("reference", x)(*args), rtol=0, atol=0)
     B, S, M, D, Q = x.value.shape + (x.sampling_locations.shape[1],)
     L, K = x.attention_weights.shape[3:]
@@ -267,56 +274,75 @@ def test_deformops_rows_call_its_function_in_mmcv_layouts(monkeypatch):
                         ((B, Q, M, L, K), torch.float64)]
     # A bf16 value: locations and weights (fp32 in the benchmark) go in its dtype.
     x = make_inputs(PRESETS["tiny"], "uniform").to("cpu", torch.bfloat16)
-    out = impls.bind("deformops", x)(x.value, x.sampling_locations, x.attention_weights)
+    out = impls.bind(peer.impl, x)(x.value, x.sampling_locations, x.attention_weights)
     assert [dtype for _, dtype in calls[1]] == [torch.bfloat16, torch.int64, torch.int64,
                                                 torch.bfloat16, torch.bfloat16]
     assert out.dtype == torch.bfloat16
 
 
-def test_deformops_rows_through_the_tool(monkeypatch, tmp_path, capsys):
+@pytest.mark.parametrize("peer", [p for p in PEERS.values() if not p.cuda_only],
+                         ids=lambda p: p.impl)
+def test_peer_rows_through_the_tool(monkeypatch, tmp_path, capsys, peer):
     calls = []
-    monkeypatch.setitem(sys.modules, "deformops", _standin_deformops(calls))
+    monkeypatch.setitem(sys.modules, peer.module, _standin(peer, calls))
     out = tmp_path / "bench"
     assert runpy.run_path(str(TOOL))["main"](
         ["--device", "cpu", "--presets", "tiny", "--dtypes", "fp32", "--locations", "uniform",
-         "--impl", "reference,deformops", "--budget-ms", "1", "--out", str(out)]) == 0
+         "--impl", f"reference,{peer.impl}", "--budget-ms", "1", "--out", str(out)]) == 0
     cells = {c["impl"]: c for c in json.loads((out / "cpu.json").read_text())["cells"]}
-    assert cells["deformops"]["status"] == "ok", cells["deformops"]["note"]
+    assert cells[peer.impl]["status"] == "ok", cells[peer.impl]["note"]
     # fp32: the reference in fp32 against itself in fp64, rounding only.
-    assert cells["deformops"]["max_err"] < 1e-5
-    assert calls and "deformops" in capsys.readouterr().out
+    assert cells[peer.impl]["max_err"] < 1e-5
+    assert calls and peer.impl in capsys.readouterr().out
 
 
-def test_without_deformops_its_rows_say_how_to_install_it(monkeypatch, tmp_path, capsys):
-    monkeypatch.setitem(sys.modules, "deformops", None)  # import deformops: not found
+@pytest.mark.parametrize("peer", [p for p in PEERS.values() if p.cuda_only],
+                         ids=lambda p: p.impl)
+def test_cuda_only_peer_rows_on_cpu_say_so(monkeypatch, tmp_path, capsys, peer):
+    calls = []
+    monkeypatch.setitem(sys.modules, peer.module, _standin(peer, calls))
+    assert runpy.run_path(str(TOOL))["main"](
+        ["--device", "cpu", "--presets", "tiny", "--dtypes", "fp32", "--locations", "uniform",
+         "--impl", f"reference,{peer.impl}", "--budget-ms", "1", "--out", str(tmp_path)]) == 0
+    assert f"n/a   {peer.impl} (1 cells): {peer.impl}'s op is CUDA only" in capsys.readouterr().out
+    assert not calls
+
+
+@ALL_PEERS
+def test_without_a_peer_its_rows_say_how_to_install_it(monkeypatch, tmp_path, capsys, peer):
+    monkeypatch.setitem(sys.modules, peer.module, None)  # import it: not found
     out = tmp_path / "bench"
     assert runpy.run_path(str(TOOL))["main"](
         ["--device", "cpu", "--presets", "tiny", "--dtypes", "fp32,bf16", "--locations",
-         "uniform", "--impl", "deformops,reference", "--budget-ms", "1", "--out", str(out)]) == 0
+         "uniform", "--impl", f"{peer.impl},reference", "--budget-ms", "1", "--out",
+         str(out)]) == 0
     table = capsys.readouterr().out
-    assert ("n/a   deformops (2 cells): PyPI package deformops is not installed: "
-            "pip install deformops") in table
-    cells = json.loads((out / "cpu.json").read_text())["cells"]
-    assert [c["status"] for c in cells if c["impl"] == "reference"] == ["ok", "ok"]
+    assert (f"n/a   {peer.impl} (2 cells): {peer.module} is not installed: "
+            f"{peer.install}") in table
+    result = json.loads((out / "cpu.json").read_text())
+    assert [c["status"] for c in result["cells"] if c["impl"] == "reference"] == ["ok", "ok"]
+    assert f"{peer.module}.{peer.function} ({peer.install}" in result["method"][peer.impl]
 
 
-def test_a_deformops_without_the_function_names_the_expected_call(monkeypatch):
+@ALL_PEERS
+def test_a_peer_without_the_function_names_the_expected_call(monkeypatch, peer):
     from bench.op import impls
-    monkeypatch.setitem(sys.modules, "deformops", _standin_deformops([], with_function=False))
+    monkeypatch.setitem(sys.modules, peer.module, _standin(peer, [], with_function=False))
     x = make_inputs(PRESETS["tiny"], "uniform")
-    with pytest.raises(AttributeError, match=r"deformops 3.0.1 has no deform2d_multiscale: "
-                                             r"the benchmark calls deformops.deform2d_multiscale"
-                                             r"\(value \(B, S, M, D\), spatial_shapes"):
-        impls.bind("deformops", x)
+    with pytest.raises(AttributeError, match=re.escape(
+            f"{peer.module} 0.0.1 has no {peer.function}: the benchmark calls "
+            f"{peer.module}.{peer.function}(value (B, S, M, D), spatial_shapes")):
+        impls.bind(peer.impl, x)
 
 
 @pytest.mark.gpu
-def test_deformops_rows_on_cuda(tmp_path):
-    # The installed package, through the call bench/op/deformops_msda.py makes.
-    pytest.importorskip("deformops", reason="deformops is not installed: pip install deformops")
+@ALL_PEERS
+def test_peer_rows_on_cuda(tmp_path, peer):
+    # The installed package, through the call bench/op/peers.py makes.
+    pytest.importorskip(peer.module, reason=f"{peer.module} is not installed: {peer.install}")
     assert runpy.run_path(str(TOOL))["main"](
         ["--presets", "tiny", "--locations", "uniform", "--dtypes", "fp32,bf16", "--impl",
-         "deformops", "--budget-ms", "2", "--out", str(tmp_path)]) == 0
+         peer.impl, "--budget-ms", "2", "--out", str(tmp_path)]) == 0
     cells = {c["dtype"]: c for c in json.loads(next(tmp_path.glob("*.json")).read_text())["cells"]}
     assert all(c["status"] == "ok" for c in cells.values()), cells
     assert cells["fp32"]["max_err"] < 1e-5  # fp32 rounding, as for mmcv's kernels

@@ -1,10 +1,11 @@
-"""Benchmark msda_mm's MSDA op against the PyTorch reference, mmcv's CUDA kernels and deformops.
+"""Benchmark msda_mm's MSDA op against the PyTorch reference, mmcv's and other packages' ops.
 
     python tools/benchmark.py                      # whole matrix on cuda -> benchmarks/
     python tools/benchmark.py --out benchmarks $OUT --targets targets.json
     python tools/benchmark.py --device cpu --presets tiny --impl msda_mm,reference
     python tools/benchmark.py --presets decoder,dino_decoder,encoder --impl msda_mm,msda_mm_det
     python tools/benchmark.py --presets encoder --impl msda_mm,deformops   # pip install deformops
+    python tools/benchmark.py --presets encoder --impl msda_mm,msda_triton
 
 Writes <out>/<device-slug>.json, .csv and .png for each --out folder and
 prints a table.  Methods: bench/op/timing.py and cell.METHOD (copied
@@ -33,12 +34,15 @@ def parse_args(argv):
                                     "locations and weights are always fp32")
     p.add_argument("--locations", help="sampling-location distributions, of "
                                        "uniform,clustered (default: both)")
-    p.add_argument("--impl", help="of msda_mm,msda_mm_det,reference,mmcv,mmcv_cuda,deformops "
+    p.add_argument("--impl", help="of msda_mm,msda_mm_det,reference,mmcv,mmcv_cuda,deformops,"
+                                  "msda_triton "
                                   "(default: all); msda_mm_det: msda_mm with "
                                   "deterministic=True; mmcv: compiled mmcv's CUDA kernels; "
                                   "mmcv_cuda: on mmcv-lite, msda_mm's build of them "
                                   "(tools/build_mmcv_msda.py); else n/a, as for bf16; "
-                                  "deformops: PyPI deformops' op (pip install deformops), "
+                                  "deformops: PyPI deformops' op (pip install deformops); "
+                                  "msda_triton: roulbac/msda-triton's Triton op, CUDA only "
+                                  "(pip install git+https://github.com/roulbac/msda-triton); "
                                   "else n/a")
     p.add_argument("--device", default="cuda",
                    help="cpu: smoke test, perf_counter wall times, no graphs or memory")

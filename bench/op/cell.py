@@ -8,6 +8,7 @@ import torch
 
 from .impls import MSDAFn, bind
 from .inputs import MSDAInputs
+from .peers import PEERS
 from .presets import Preset
 from .timing import eager_times_us, graph_times_us, kernel_times_us, peak_memory_mb
 
@@ -54,9 +55,9 @@ METHOD = {
                       "(locations and weights cast to value's dtype, im2col_step 64) on "
                       "compiled mmcv's CUDA kernels / on msda_mm's build of them from the mmcv "
                       "sdist (tools/build_mmcv_msda.py), same timers as the others",
-    "deformops": "PyPI deformops' deform2d_multiscale (bench/op/deformops_msda.py) with "
-                 "locations and weights cast to value's dtype, on the kernel deformops picks "
-                 "for the call, same timers as the others",
+    **{impl: f"{peer.module}.{peer.function} ({peer.install}; bench/op/peers.py) with "
+             f"locations and weights cast to value's dtype, {peer.kernel}, same timers as "
+             "the others" for impl, peer in PEERS.items()},
 }
 
 

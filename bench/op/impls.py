@@ -7,8 +7,10 @@ im2col_step 64) on mmcv's CUDA kernels: compiled mmcv's ('mmcv'), or on
 mmcv-lite msda_mm's build of them from the mmcv sdist ('mmcv_cuda',
 tools/build_mmcv_msda.py), which only runs inside ``routed(impl)``.
 
-'deformops' is PyPI deformops' op (bench/op/deformops_msda.py), where it is
-installed, with locations and weights cast to value's dtype as for mmcv.
+'deformops' (PyPI deformops) and 'msda_triton' (roulbac/msda-triton, the
+Triton op msda_mm started from) are optional peer packages' ops
+(bench/op/peers.py), where they are installed, with locations and weights
+cast to value's dtype as for mmcv.
 """
 from __future__ import annotations
 
@@ -22,11 +24,11 @@ import torch
 
 from msda_mm.ops import msda_reference, multi_scale_deformable_attention
 
-from .deformops_msda import deformops_missing, deformops_msda_function
 from .inputs import MSDAInputs
+from .peers import PEERS, peer_function, peer_unavailable
 
 # msda_mm_det: msda_mm with deterministic=True (grad_value without atomics).
-IMPLS = ("msda_mm", "msda_mm_det", "reference", "mmcv", "mmcv_cuda", "deformops")
+IMPLS = ("msda_mm", "msda_mm_det", "reference", "mmcv", "mmcv_cuda", *PEERS)
 MSDA_MM = ("msda_mm", "msda_mm_det")
 _MMCV_IMPLS = ("mmcv", "mmcv_cuda")
 
@@ -85,8 +87,8 @@ def tiled(impl: str) -> tuple[str, dict]:
 
 def unavailable(impl: str, device: torch.device, dtype: torch.dtype) -> Optional[str]:
     """Why ``impl`` cannot run on ``device`` with a ``dtype`` value, or None."""
-    if impl == "deformops":
-        return deformops_missing()
+    if impl in PEERS:
+        return peer_unavailable(PEERS[impl], device)
     if impl not in _MMCV_IMPLS:
         return None
     if device.type != "cuda":
@@ -131,7 +133,7 @@ def bind(impl: str, inputs: MSDAInputs, fp32_grad_accum: Optional[bool] = None) 
         from msda_mm.compat.mmcv_cuda_switch import mmcv_function
 
         return lambda v, loc, attn: mmcv_function(v, shapes, starts, loc, attn)
-    if impl == "deformops":
-        msda = deformops_msda_function()
+    if impl in PEERS:
+        msda = peer_function(PEERS[impl])
         return lambda v, loc, attn: msda(v, shapes, starts, loc.to(v.dtype), attn.to(v.dtype))
     raise ValueError(f"unknown implementation {impl!r}, expected one of {IMPLS}")
