@@ -208,14 +208,14 @@ def test_shapes_that_disagree_with_value_stay_in_bounds(shapes, sort):
     # positions of level 1.  Rows past the shapes' cells and cells past the
     # bound 2 S + 2 L take no samples; the rows of value get finite sums.
     args = make_inputs(B=1, Q=6, M=2, D=8, shapes=SHAPES, K=2, lo=0.0, hi=1.0, seed=6)[0]
-    shapes_t, starts = torch.tensor(shapes), torch.tensor([0, 20])
+    shapes_t = torch.tensor(shapes)
     value, loc, attn = args["value"], args["sampling_locations"], args["attention_weights"]
     grad_out = torch.randn(1, 6, 16, generator=torch.Generator().manual_seed(6))
-    det = launch_backward(grad_out, value, shapes_t, starts, loc, attn, False, True,
+    det = launch_backward(grad_out, value, shapes_t, loc, attn, False, True,
                           tiles=Tiles(sort=sort))[0]
     assert det.shape == value.shape and torch.isfinite(det).all()
     if shapes[1][0] < 100:  # no wrapped index: the float backward's sums, rows past S dropped
-        default = launch_backward(grad_out, value, shapes_t, starts, loc, attn, True)[0]
+        default = launch_backward(grad_out, value, shapes_t, loc, attn, True)[0]
         torch.testing.assert_close(det, default)
 
 

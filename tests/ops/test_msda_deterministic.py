@@ -98,9 +98,7 @@ def test_stable_sort_sums_a_strided_grad_output_as_a_contiguous_one(dtype):
     args = _crowded(dtype, seed=2)
     gen = torch.Generator().manual_seed(2)
     wide = torch.randn(1, 6, 16, dtype=torch.float64, generator=gen).to(dtype)
-    shapes = args["spatial_shapes"]
-    starts = torch.cat([shapes.new_zeros(1), shapes.prod(1).cumsum(0)[:-1]])
-    inputs = [args["value"], shapes, starts, args["sampling_locations"],
+    inputs = [args["value"], args["spatial_shapes"], args["sampling_locations"],
               args["attention_weights"]]
     stable = Tiles(sort="stable")
     strided = launch_backward(wide[..., ::2], *inputs, False, True, tiles=stable)[0]

@@ -79,15 +79,15 @@ def test_kernels_never_read_past_value_for_shapes_that_disagree(device, shapes, 
     args, seed = make_inputs(B=1, Q=6, M=2, D=8, shapes=((4, 5), (2, 3)), K=2, lo=0.0, hi=1.0,
                              dtype=dtype, loc_dtype=torch.float32, attn_dtype=torch.float32)
     S = 4 * 5 + 6  # value covers level 0 and 6 positions of level 1
-    shapes_t, starts = torch.tensor(shapes), torch.tensor([0, 20])
+    shapes_t = torch.tensor(shapes)
     value, loc, attn = args["value"], args["sampling_locations"], args["attention_weights"]
     grad_out = torch.randn(1, 6, 16, dtype=dtype)
-    on = [t.to(device) for t in (value, shapes_t, starts, loc, attn, grad_out)]
-    out = launch_forward(*on[:5], tiles=Tiles(**tiles))
-    grad_value = launch_backward(on[5], *on[:5], True, tiles=Tiles(**tiles))[0]
+    on = [t.to(device) for t in (value, shapes_t, loc, attn, grad_out)]
+    out = launch_forward(*on[:4], tiles=Tiles(**tiles))
+    grad_value = launch_backward(on[4], *on[:4], True, tiles=Tiles(**tiles))[0]
     assert torch.isfinite(out).all() and torch.isfinite(grad_value).all(), f"seed {seed}"
     if shapes[1][0] < 100:  # where no index wraps, the numbers of a zero-padded value
         padded = torch.zeros(1, 20 + shapes[1][0] * shapes[1][1], 2, 8)
         padded[:, :S] = value.float()
-        ref = msda_reference(padded, shapes_t, loc, attn, starts).to(dtype)
+        ref = msda_reference(padded, shapes_t, loc, attn).to(dtype)
         torch.testing.assert_close(out.cpu(), ref, msg=f"seed {seed}")

@@ -4,7 +4,6 @@ import torch
 
 from msda_mm import msda_reference
 from msda_mm import multi_scale_deformable_attention as msda
-from msda_mm.ops import level_start_index_from_shapes
 
 from msda_inputs import FLOAT_INPUTS, make_inputs, rel_err, run_op
 
@@ -113,8 +112,7 @@ def test_repeat_launches_skip_the_binding_and_give_the_same_results(monkeypatch,
             torch.testing.assert_close(grads[k], first[k], **tol)
     assert [c.launches for c in counters] == [1, 1, fills]  # the repeats took the fast path
     # The launcher itself (run_op would clone the value into an aligned copy).
-    rest = (args["spatial_shapes"], level_start_index_from_shapes(args["spatial_shapes"]),
-            args["sampling_locations"], args["attention_weights"])
+    rest = (args["spatial_shapes"], args["sampling_locations"], args["attention_weights"])
     storage = torch.empty(args["value"].numel() + 1, dtype=dtype, device="cuda")
     shifted = storage[1:].view_as(args["value"]).copy_(args["value"])
     assert shifted.data_ptr() % 16
