@@ -56,8 +56,12 @@ def chunk_points(p0, L: tl.constexpr, K: tl.constexpr, BLOCK_P: tl.constexpr):
 
 @triton.jit
 def pair_halves(raw, HALF: tl.constexpr):
-    """int32 words of two HALF values: the low and the high ones, in fp32."""
-    if HALF == tl.bfloat16:
+    """Words of two HALF values (int32 for fp16/bf16, int64 for fp32): the
+    low and the high ones, in fp32."""
+    if HALF == tl.float32:
+        lo = raw.to(tl.int32).to(tl.float32, bitcast=True)
+        hi = (raw >> 32).to(tl.int32).to(tl.float32, bitcast=True)
+    elif HALF == tl.bfloat16:
         # A bf16 is the high half of an fp32: one shift or one and per value,
         # where a bf16 -> fp32 conversion took 1.5 instructions on sm_90.
         lo = (raw << 16).to(tl.float32, bitcast=True)
@@ -70,6 +74,10 @@ def pair_halves(raw, HALF: tl.constexpr):
 
 @triton.jit
 def pair_words(lo, hi, HALF: tl.constexpr):
-    """pair_halves' inverse: fp32 lo and hi rounded to HALF, as int32 words."""
-    return ((lo.to(HALF).to(tl.int16, bitcast=True).to(tl.int32) & 65535)
-            | (hi.to(HALF).to(tl.int16, bitcast=True).to(tl.int32) << 16))
+    """pair_halves' inverse: fp32 lo and hi rounded to HALF, as its words."""
+    if HALF == tl.float32:
+        return ((lo.to(tl.int32, bitcast=True).to(tl.int64) & 0xFFFFFFFF)
+                | (hi.to(tl.int32, bitcast=True).to(tl.int64) << 32))
+    else:
+        return ((lo.to(HALF).to(tl.int16, bitcast=True).to(tl.int32) & 65535)
+                | (hi.to(HALF).to(tl.int16, bitcast=True).to(tl.int32) << 16))

@@ -28,12 +28,19 @@ def acc_dtype(*tensors: torch.Tensor):
     return tl.float64 if any(t.dtype == torch.float64 for t in tensors) else tl.float32
 
 
+def channel_pairs(t: torch.Tensor) -> bool:
+    """Whether t's (..., D) rows are whole words of two fp16/bf16 (int32) or
+    fp32 (int64) channels: unit channel stride, even D and strides, a start
+    aligned to the word."""
+    return (t.dtype in (torch.float16, torch.bfloat16, torch.float32) and t.stride(-1) == 1
+            and t.shape[-1] % 2 == 0 and not any(st % 2 for st in t.stride()[:-1])
+            and t.data_ptr() % (2 * t.element_size()) == 0)
+
+
 def half_words(t: torch.Tensor) -> bool:
     """Whether t's (..., D) rows are whole int32 words of two fp16/bf16
-    channels: unit channel stride, even D and strides, a 4-byte aligned start."""
-    return (t.dtype in (torch.float16, torch.bfloat16) and t.stride(-1) == 1
-            and t.shape[-1] % 2 == 0 and not any(st % 2 for st in t.stride()[:-1])
-            and t.data_ptr() % 4 == 0)
+    channels (channel_pairs of a 16-bit tensor)."""
+    return t.element_size() == 2 and channel_pairs(t)
 
 
 def device_guard(t: torch.Tensor):

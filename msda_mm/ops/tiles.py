@@ -18,7 +18,7 @@ from contextvars import ContextVar
 import torch
 import triton.language as tl
 
-from .runtime import half_words, next_pow2
+from .runtime import channel_pairs, next_pow2
 
 # (BLOCK_Q, num_warps, BLOCK_P) per kernel and value element size at D = 32 and
 # L * K = 16 (wider heads: Tiles.tile), each the fastest of the tiles swept on the
@@ -43,9 +43,9 @@ _STABLE_SORT_ENTRIES = 2
 # program (fp32 keeps 2; docs/design.md), and the deterministic backward's msda_bwd_kernel
 # its "bwd_few" tile.
 _FEW_ROWS = 1 << 16
-# msda_fwd_pairs_kernel's queries per one-warp program at D = 32 (wider heads:
-# Tiles.pairs_tile; docs/design.md).
-_PAIRS_QUERIES_D32 = 8
+# msda_fwd_pairs_kernel's queries per one-warp program at D = 32, by value's element
+# size (wider heads: Tiles.pairs_tile; docs/design.md).
+_PAIRS_QUERIES_D32 = {2: 8, 4: 4}
 # The deterministic backward's sorts (Tiles.deterministic_sort).
 SORTS = ("stable", "counting")
 
@@ -122,15 +122,16 @@ class Tiles:
 
     def pairs_tile(self, value: torch.Tensor, rows: int, acc) -> dict | None:
         """Launch constants for msda_fwd_pairs_kernel, or None where it does
-        not apply: fp16/bf16 values whose rows are whole int32 words (unit
-        channel stride, even D and strides, a 4-byte aligned start), fp32
-        accumulation, and a grid past _FEW_ROWS rows (or a ``pairs`` tile)."""
+        not apply: fp16/bf16/fp32 values whose rows are whole words of two
+        channels (runtime.channel_pairs), fp32 accumulation, and a grid past
+        _FEW_ROWS rows (or a ``pairs`` tile)."""
         if self.fwd is not None or (self.pairs is None and rows < _FEW_ROWS):
             return None
-        if not half_words(value) or acc is not tl.float32:
+        if not channel_pairs(value) or acc is not tl.float32:
             return None
         block_d = next_pow2(value.shape[3])
-        block_q, num_warps = self.pairs or (max(1, _PAIRS_QUERIES_D32 * 32 // block_d), 1)
+        queries = _PAIRS_QUERIES_D32[value.element_size()]
+        block_q, num_warps = self.pairs or (max(1, queries * 32 // block_d), 1)
         return dict(BLOCK_Q=block_q, BLOCK_D=block_d, num_warps=num_warps)
 
 

@@ -30,7 +30,8 @@ def test_pairs_kernel_only_where_it_applies():
     assert tile() == dict(BLOCK_Q=8, BLOCK_D=32, num_warps=1)
     assert tile(dtype=torch.float16, shape=(2, 100, 4, 64))["BLOCK_Q"] == 4
     assert tile(rows=9600) is None  # a decoder: msda_fwd_kernel, latency-bound
-    assert tile(dtype=torch.float32) is None
+    assert tile(dtype=torch.float32) == dict(BLOCK_Q=4, BLOCK_D=32, num_warps=1)
+    assert tile(dtype=torch.float32, rows=9600) is None
     assert tile(acc=tl.float64) is None  # fp64 locations: fp64 accumulation
     assert tile(shape=(2, 100, 8, 31)) is None  # odd D
     assert tile(value=torch.empty(2, 100, 8, 33, dtype=torch.bfloat16)[..., :32]) is None
@@ -83,8 +84,7 @@ def test_backward_uses_pdl_only_behind_a_fill_that_armed_it(monkeypatch, filled_
     def meta(*shape):
         return torch.empty(shape, device="meta")
 
-    launch_backward(meta(B, Q, M * D), meta(B, S, M, D),
-                    torch.tensor([[1, 5]]), torch.tensor([0]),
+    launch_backward(meta(B, Q, M * D), meta(B, S, M, D), torch.tensor([[1, 5]]),
                     meta(B, Q, M, L, K, 2), meta(B, Q, M, L, K), False)
     assert calls == [("fill", (B, S, M, D)), ("bwd", filled_with_pdl, filled_with_pdl)]
 

@@ -1,12 +1,14 @@
-"""msda_fwd_pairs_kernel, the forward of large fp16/bf16 grids, on the small
-shapes of the other accuracy tests: forced with a tile_override, and checked
-to have run (its output and the backward's gradients against fp64 truth)."""
+"""msda_fwd_pairs_kernel, the forward of large fp16/bf16 grids (fp32 where a
+tile asks for it), on the small shapes of the other accuracy tests: forced
+with a tile_override, and checked to have run (its output and the
+backward's gradients against fp64 truth)."""
 import pytest
 import torch
 
 from msda_inputs import DEVICES, assert_close_to_reference, make_inputs
 
-HALF = [torch.float16, torch.bfloat16]
+# Channel pairs: int32 words of fp16/bf16, int64 words of fp32.
+PAIRED = [torch.float16, torch.bfloat16, torch.float32]
 
 
 def _check(args, device, seed, launches):
@@ -15,7 +17,7 @@ def _check(args, device, seed, launches):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("dtype", HALF, ids=str)
+@pytest.mark.parametrize("dtype", PAIRED, ids=str)
 @pytest.mark.parametrize("D", [2, 6, 24, 32, 64])  # 6, 24: channel words past D masked
 def test_head_dims(device, dtype, D, pairs_launches):
     args, seed = make_inputs(D=D, dtype=dtype, loc_dtype=torch.float32,
@@ -37,9 +39,10 @@ def test_levels_points_and_partial_query_blocks(device, L, K, Q, pairs_launches)
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=str)
 @pytest.mark.parametrize("layout", ["heads_first", "channel_slice"])
-def test_strided_value(device, layout, pairs_launches):
-    args, seed = make_inputs(B=2, Q=6, M=2, D=8, dtype=torch.float16)
+def test_strided_value(device, layout, dtype, pairs_launches):
+    args, seed = make_inputs(B=2, Q=6, M=2, D=8, dtype=dtype)
     value = args["value"]
     args["value"] = (value.transpose(1, 2).contiguous().transpose(1, 2) if layout == "heads_first"
                      else torch.cat([value, value], dim=-1)[..., :8])

@@ -91,8 +91,8 @@ def msda_fwd_kernel(
 @triton.jit
 def _acc_pair_rows(acc_lo, acc_hi, ptrs, mask, c, HALF: tl.constexpr):
     """acc_lo/acc_hi [BLOCK_Q, BLOCK_D // 2] += c[:, None] * the even / odd
-    channels of the rows at ``ptrs``, read as int32 words of two HALF values
-    (zeros where ``mask``, [BLOCK_Q, BLOCK_D // 2], is off)."""
+    channels of the rows at ``ptrs``, read as words of two HALF values
+    (pair_halves; zeros where ``mask``, [BLOCK_Q, BLOCK_D // 2], is off)."""
     lo, hi = pair_halves(tl.load(ptrs, mask=mask, other=0), HALF)
     return acc_lo + c[:, None] * lo, acc_hi + c[:, None] * hi
 
@@ -114,9 +114,10 @@ def msda_fwd_pairs_kernel(
     registers: no shuffles and no shared-memory layout conversions.  Each
     thread redoes the bilinear set-up of its query's samples, which pays where
     value loads are cheap to convert: value and out are read and written as
-    int32 words of two 16-bit channels (strides in 16-bit elements, all even,
-    D even, unit channel stride).  sm_90 SASS per sample: 19.5 instructions
-    against msda_fwd_kernel's 25.8 (bf16) and 23.8 (fp16).
+    words of two channels, int32 for 16-bit values, int64 for fp32 (strides
+    in elements, all even, D even, unit channel stride).  sm_90 SASS per
+    sample: 19.5 instructions against msda_fwd_kernel's 25.8 (bf16) and 23.8
+    (fp16).
     Grid: (cdiv(Q, BLOCK_Q), M, B).
 
     SOFTMAX as in msda_fwd_kernel, the max pass over one [BLOCK_Q, L * K]
@@ -126,7 +127,10 @@ def msda_fwd_pairs_kernel(
     HALF: tl.constexpr = out_ptr.dtype.element_ty
     b, m, q, qmask, offs_j, jmask = program_tile(Q, D // 2, BLOCK_Q, BLOCK_D // 2)
     jm = jmask[None, :]
-    words = tl.pointer_type(tl.int32)
+    if HALF == tl.float32:
+        words = tl.pointer_type(tl.int64)
+    else:
+        words = tl.pointer_type(tl.int32)
     v_base = head_base(value_ptr, b, m, stride_vb, stride_vm).to(words)
     row = stride_vs // 2
     loc_q = head_base(loc_ptr, b, m, stride_lb, stride_lm) + q.to(tl.int64) * stride_lq
