@@ -380,3 +380,41 @@ def test_losses_under_a_process_group_are_mmdets(tmp_path, monkeypatch):
         assert len(reduced) == 4
     finally:
         dist.destroy_process_group()
+
+
+def build_device_matching_head(costs: str):
+    """build_heads' pair, ours matching on the device."""
+    mmdet_head, head = build_heads(costs)
+    head.device_matching = True
+    return mmdet_head, head
+
+
+# Random costs have one optimum, which the device solver finds as scipy does:
+# the targets are mmdet's bit for bit (ties: test_device_matching_ties).
+# "more_gts_than_queries" falls back to the host matching.
+@pytest.mark.parametrize("costs", sorted(MATCH_COSTS))
+@pytest.mark.parametrize("case", sorted(set(CASES) - {"ties"}))
+def test_device_matching_targets_are_mmdets(costs, case):
+    mmdet_head, head = build_device_matching_head(costs)
+    for seed in range(2):
+        inputs = random_output(**CASES[case], seed=seed)
+        assert_same_targets(head.get_targets(*inputs), mmdet_head.get_targets(*inputs))
+
+
+def test_device_matching_ties_match_every_gt_once():
+    """Tied costs: any optimum is right; each GT gets one query of its own."""
+    _, head = build_device_matching_head("focal")
+    scores, boxes, gts, metas = random_output(**CASES["ties"])
+    labels, _, _, weights, num_pos, num_neg = head.get_targets(scores, boxes, gts, metas)
+    assert num_pos == sum(len(gt) for gt in gts) and num_neg == 6 * len(gts) - num_pos
+    for image_labels, image_weights, gt in zip(labels, weights, gts):
+        matched = image_weights[:, 0] == 1
+        assert int(matched.sum()) == len(gt)
+        assert sorted(image_labels[matched].tolist()) == sorted(gt.labels.tolist())
+
+
+@pytest.mark.parametrize("num_gts", [[3, 0, 2, 1], [5], [0, 0]])
+def test_device_matching_does_not_wait(num_gts, monkeypatch):
+    _, head = build_device_matching_head("focal")
+    inputs = random_output(num_gts)
+    assert count_host_waits(lambda: head.get_targets(*inputs), monkeypatch) == 0

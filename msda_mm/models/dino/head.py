@@ -56,6 +56,10 @@ class BatchedMatchingDINOHead(DINOHead):
     over the processes on the device, as in mmdet (their waits stay).
 
     Args:
+        device_matching: solve each output's matching on the device
+            (``matching.match_on_device``, ``msda_mm.ops.linear_assignment``)
+            instead of by scipy on the host: no wait at all, the same total
+            cost per image (ties may resolve otherwise).
         compile_losses: run each output's losses from its targets (the cat
             of the targets, focal loss, box conversions, L1 and GIoU) as one
             ``torch.compile`` graph of the sync-free losses, built with the
@@ -65,9 +69,11 @@ class BatchedMatchingDINOHead(DINOHead):
             values are the eager losses' up to fp32 reordering.
     """
 
-    def __init__(self, *args, compile_losses: bool = False, **kwargs) -> None:
+    def __init__(self, *args, compile_losses: bool = False, device_matching: bool = False,
+                 **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.compile_losses = compile_losses
+        self.device_matching = device_matching
         self._compiled = None
         if compile_losses:
             # A tuple, not submodules: the state dict stays DINOHead's.
@@ -85,7 +91,8 @@ class BatchedMatchingDINOHead(DINOHead):
         """``DETRHead.get_targets`` for one decoder output, the same tuple
         (``matching.matched_targets``)."""
         return matched_targets(self.assigner.match_costs, self.num_classes, cls_scores_list,
-                               bbox_preds_list, batch_gt_instances, batch_img_metas)
+                               bbox_preds_list, batch_gt_instances, batch_img_metas,
+                               on_device=self.device_matching)
 
     def get_dn_targets(self, batch_gt_instances: InstanceList, batch_img_metas: List[dict],
                        dn_meta: Dict[str, int]) -> tuple:

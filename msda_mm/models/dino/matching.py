@@ -41,6 +41,7 @@ from mmdet.models.task_modules.assigners.match_cost import (
 from mmdet.structures.bbox import bbox_cxcywh_to_xyxy, bbox_xyxy_to_cxcywh
 from mmdet.utils import InstanceList
 
+from ...ops.linear_assignment import linear_assignment
 from .image_sizes import image_factors
 from .losses import bbox_overlaps
 from .one_copy import to_device
@@ -154,11 +155,53 @@ def match_on_host(match_costs: Sequence, cls_scores_list: Sequence[Tensor],
     return np.concatenate(matches, axis=1).astype(np.int64)
 
 
+def match_on_device(match_costs: Sequence, cls_scores_list: Sequence[Tensor],
+                    bbox_preds_list: Sequence[Tensor], factors: Tensor, pred_factors: Tensor,
+                    gt_instances: InstanceData, num_gts: List[int]) -> List[Tensor]:
+    """``match_on_host``'s matching, solved on the device: the same cost
+    blocks, padded to the batch's largest GT count, go to
+    ``msda_mm.ops.linear_assignment`` (one program per image) and the rows
+    (query, GT, image) come back as device tensors, without a wait.  The
+    total cost of each image's matching is scipy's (ties may resolve
+    otherwise).  Every image needs as many queries as GT boxes, all images
+    the same number of queries (DETR's outputs); the counts are the host's."""
+    num_queries = [len(scores) for scores in cls_scores_list]
+    device = gt_instances.bboxes.device
+    to_match = [i for i, g in enumerate(num_gts) if g > 0 and num_queries[i] > 0]
+    if not to_match:
+        return list(torch.zeros((3, 0), dtype=torch.long, device=device))
+    Q, G = num_queries[0], max(num_gts)
+    g0 = np.cumsum([0] + num_gts)
+    # Host-built: each padded block's columns (padding repeats a real one),
+    # and where each GT's row lands in the solution.
+    columns = [[g0[i] + min(j, num_gts[i] - 1) for j in range(G)] for i in to_match]
+    slots = [(k * G + j, i * Q, g0[i] + j, i) for k, i in enumerate(to_match)
+             for j in range(num_gts[i])]
+    flat, row0, gt, img = zip(*slots)
+    columns, counts, images, flat, row0, gt, img = to_device(
+        [torch.tensor(columns), torch.tensor([num_gts[i] for i in to_match]),
+         torch.tensor(to_match), torch.tensor(flat), torch.tensor(row0), torch.tensor(gt),
+         torch.tensor(img)], device)
+    with torch.no_grad():
+        row_factors = factors.repeat_interleave(Q, dim=0)
+        boxes = bbox_cxcywh_to_xyxy(torch.cat(list(bbox_preds_list))) * (
+            pred_factors.repeat_interleave(Q, dim=0))
+        gt_factors = torch.cat([f.expand(g, 4) for f, g in zip(factors, num_gts)])
+        cost = batch_cost(match_costs, torch.cat(list(cls_scores_list)), boxes, row_factors,
+                          gt_instances, gt_factors)
+        blocks = cost.view(len(num_queries), Q, -1).index_select(0, images).gather(
+            2, columns[:, None, :].expand(-1, Q, -1))
+        rows = linear_assignment(blocks, counts)
+    return [rows.view(-1)[flat] + row0, gt, img]
+
+
 def matched_targets(match_costs: Sequence, num_classes: int, cls_scores_list: List[Tensor],
                     bbox_preds_list: List[Tensor], batch_gt_instances: InstanceList,
-                    batch_img_metas: List[dict]) -> tuple:
+                    batch_img_metas: List[dict], on_device: bool = False) -> tuple:
     """``DETRHead.get_targets`` of one decoder output, the same tuple, its
-    assigner's ``match_costs`` run on the whole batch.
+    assigner's ``match_costs`` run on the whole batch; matched by scipy on
+    the host, or ``on_device`` (match_on_device: no wait, where every image
+    has as many queries as the others and at least as many as GT boxes).
 
     Args:
         num_classes: the background label.
@@ -191,21 +234,26 @@ def matched_targets(match_costs: Sequence, num_classes: int, cls_scores_list: Li
     # rounded to the predictions' on the device where DETRHead's is.
     factors = image_factors(batch_img_metas, gt_bboxes.dtype, gt_bboxes.device)
     pred_factors = factors.to(bbox_preds_list[0].dtype)
-    positives = match_on_host(match_costs, cls_scores_list, bbox_preds_list, factors,
-                              pred_factors, gt_instances,
-                              [len(gts) for gts in batch_gt_instances])
-    num_total_pos = positives.shape[1]
+    num_gts = [len(gts) for gts in batch_gt_instances]
+    num_queries = [len(scores) for scores in cls_scores_list]
+    if on_device and len(set(num_queries)) == 1 and max(num_gts) <= num_queries[0]:
+        indices = match_on_device(match_costs, cls_scores_list, bbox_preds_list, factors,
+                                  pred_factors, gt_instances, num_gts)
+    else:
+        positives = match_on_host(match_costs, cls_scores_list, bbox_preds_list, factors,
+                                  pred_factors, gt_instances, num_gts)
+        indices = (to_device([torch.from_numpy(positives)], gt_bboxes.device)[0]
+                   if positives.size else positives)
+    num_total_pos = indices[0].shape[0]
 
     # Targets of the whole batch, (sum Q_i, ...), written at the matches'
     # indices and split per image at the end.
-    num_queries = [len(scores) for scores in cls_scores_list]
     total = sum(num_queries)
     labels = gt_bboxes.new_full((total,), num_classes, dtype=torch.long)
     label_weights = gt_bboxes.new_ones(total)
     bbox_targets = gt_bboxes.new_zeros(total, 4)
     bbox_weights = gt_bboxes.new_zeros(total, 4)
     if num_total_pos:
-        (indices,) = to_device([torch.from_numpy(positives)], gt_bboxes.device)
         query, gt, img = indices
         labels[query] = gt_instances.labels[gt]
         # index_fill_, not `[query] = 1.0`: a Python scalar would be
