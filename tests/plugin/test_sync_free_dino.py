@@ -15,6 +15,7 @@ from bench.step.syncs import counted_syncs
 from msda_mm.models import SyncFreeCdnQueryGenerator, SyncFreeDINO
 
 from .detr_configs import build_detector
+from .host_waits import count_host_waits
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 # Images of one size (no padding masks) and of three sizes (masks), one
@@ -160,3 +161,65 @@ def test_no_waits_outside_the_head_on_cuda(case, quiet_mmengine):
     assert removed == [], our_waits
     assert sum(our_waits[f] for f in our_waits if KEPT_FRAME in f) <= 1, our_waits
     assert any(any(r in f for r in REMOVED_FRAMES[:4]) for f in their_waits), their_waits
+
+
+def test_every_query_label_noise_keeps_mmdets_distribution_without_a_wait(monkeypatch):
+    """label_noise_draws="every_query": the queries' shapes, dn meta and
+    attention mask are mmdet's, each label query is the embedding of a
+    class, and the share of labels changed is mmdet's, label_noise_scale / 2
+    times (C - 1) / C (a redraw may give the same class), within 5 sigma;
+    no wait on the device (with mmdet's draws: their one nonzero)."""
+    num_classes, scale, num_items = 4, 0.6, [30, 0, 25]
+    cfg = dict(num_classes=num_classes, embed_dims=8, num_matching_queries=5,
+               label_noise_scale=scale, group_cfg=dict(dynamic=False, num_groups=100))
+    theirs = CdnQueryGenerator(**cfg)
+    ours = SyncFreeCdnQueryGenerator(**cfg, label_noise_draws="every_query")
+    ours.load_state_dict(theirs.state_dict())
+    samples = demo_mm_inputs(batch_size=3, image_shapes=[(3, 64, 48)] * 3, num_items=num_items,
+                             num_classes=num_classes)["data_samples"]
+    label_query, bbox_query, mask, meta = ours(samples)
+    their_label, their_bbox, their_mask, their_meta = theirs(samples)
+    assert meta == their_meta and torch.equal(mask, their_mask)
+    assert label_query.shape == their_label.shape and bbox_query.shape == their_bbox.shape
+    # Which class each query embeds: its nearest row of the embedding table.
+    table = ours.label_embedding.weight
+    picked = torch.cdist(label_query.flatten(0, 1), table).argmin(1).view(3, -1)
+    gts = [s.gt_instances.labels for s in samples]
+    step = max(num_items)
+    changed = total = 0
+    for image, labels in enumerate(gts):
+        for group in range(2 * 100):
+            slots = picked[image, group * step:group * step + len(labels)]
+            changed += int((slots != labels).sum())
+            total += len(labels)
+    p = scale / 2 * (num_classes - 1) / num_classes
+    sigma = (total * p * (1 - p)) ** 0.5
+    assert abs(changed - total * p) < 5 * sigma, (changed, total * p, sigma)
+    assert count_host_waits(lambda: ours(samples), monkeypatch) == 0
+    mmdet_draws = SyncFreeCdnQueryGenerator(**cfg)
+    assert count_host_waits(lambda: mmdet_draws(samples), monkeypatch) == 1
+
+
+def test_label_noise_draws_must_be_known():
+    with pytest.raises(ValueError, match="label_noise_draws must be one of"):
+        SyncFreeCdnQueryGenerator(num_classes=4, embed_dims=8, num_matching_queries=5,
+                                  label_noise_draws="some")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", sorted(BATCHES))
+def test_a_training_step_can_wait_nowhere_on_cuda(case, quiet_mmengine):
+    # SyncFreeDINO drawing the label noise for every query, its head matching
+    # on the device with the sync-free losses: a whole step without a wait.
+    model = Config.fromfile(str(CONFIGS / "synthetic" / "dino_tiny_cpu.py")).model
+    model.update(type="SyncFreeDINO", label_noise_draws="every_query")
+    model.data_preprocessor.type = "SyncFreeDetDataPreprocessor"
+    model.bbox_head.update(type="BatchedMatchingDINOHead", device_matching=True,
+                           loss_cls=dict(model.bbox_head.loss_cls, type="SyncFreeFocalLoss"),
+                           loss_bbox=dict(model.bbox_head.loss_bbox, type="SyncFreeL1Loss"),
+                           loss_iou=dict(model.bbox_head.loss_iou, type="SyncFreeGIoULoss"))
+    torch.manual_seed(0)
+    dino = build_detector(model)
+    dino.init_weights()
+    waits = _waits_by_frame(dino.cuda(), batch(case))
+    assert sum(waits.values()) == 0, waits

@@ -8,7 +8,8 @@ collation indices are built on the host, where the GT counts are known, and
 sent in one non-blocking copy.  The random draws are mmdet's own calls in
 mmdet's order, so that, seeded, the queries are mmdet's bit for bit.  One
 wait is left: the label noise's ``nonzero`` (how many labels are redrawn
-sets the size of the next random draw).
+sets the size of the next random draw), unless the label noise draws a
+label for every query (``label_noise_draws="every_query"``).
 """
 from __future__ import annotations
 
@@ -43,10 +44,36 @@ def _host_indices(img_shapes: Sequence[tuple], counts: List[int], num_groups: in
                          dtype=torch.long)]
 
 
+# How the label noise draws: mmdet's draws (a label for each noised query,
+# whose count is read back: one wait), or a label for every query, kept
+# where the query is noised (the same distribution, other draws, no wait).
+LABEL_NOISE_DRAWS = ("mmdet", "every_query")
+
+
 class SyncFreeCdnQueryGenerator(CdnQueryGenerator):
     """``CdnQueryGenerator`` that waits on the device once per call (its
     label noise's ``nonzero``) instead of 2 or 3 times per image; the same
-    arguments, outputs and random draws."""
+    arguments, outputs and random draws.  With ``label_noise_draws=
+    "every_query"`` it does not wait at all: the noised labels have mmdet's
+    distribution, drawn otherwise."""
+
+    def __init__(self, *args, label_noise_draws: str = "mmdet", **kwargs) -> None:
+        if label_noise_draws not in LABEL_NOISE_DRAWS:
+            raise ValueError(f"label_noise_draws must be one of {LABEL_NOISE_DRAWS}, "
+                             f"got {label_noise_draws!r}")
+        super().__init__(*args, **kwargs)
+        self.label_noise_draws = label_noise_draws
+
+    def generate_dn_label_query(self, gt_labels: Tensor, num_groups: int) -> Tensor:
+        """mmdet's label queries; with "every_query" draws, a random label
+        for each of the 2 * num_groups copies of each GT label, kept with
+        probability label_noise_scale / 2 (mmdet's chance of a redraw)."""
+        if self.label_noise_draws == "mmdet":
+            return super().generate_dn_label_query(gt_labels, num_groups)
+        labels = gt_labels.repeat(2 * num_groups, 1).view(-1)
+        noised = torch.rand_like(labels.float()) < (self.label_noise_scale * 0.5)
+        drawn = torch.randint_like(labels, 0, self.num_classes)
+        return self.label_embedding(torch.where(noised, drawn, labels))
 
     def __call__(self, batch_data_samples: SampleList) -> tuple:
         gts = [sample.gt_instances for sample in batch_data_samples]

@@ -38,9 +38,15 @@ class SyncFreeDINO(DINO):
     denoising queries wait on the device once a step (the label noise's
     ``nonzero``) instead of 8 * L + about 3 * B times (L levels, B images).
     Same arguments, parameters (state_dict keys), random draws, outputs and
-    losses as ``DINO``."""
+    losses as ``DINO``.
 
-    def __init__(self, *args, **kwargs) -> None:
+    Args:
+        label_noise_draws: "mmdet" (DINO's draws) or "every_query" (the
+            denoising label noise without its one wait, the same
+            distribution drawn otherwise: SyncFreeCdnQueryGenerator).
+    """
+
+    def __init__(self, *args, label_noise_draws: str = "mmdet", **kwargs) -> None:
         super().__init__(*args, **kwargs)
         # DINO's generator replaced, its label embedding kept; the new one is
         # built under fork_rng, so that DINO's random draws stay DINO's.
@@ -51,7 +57,7 @@ class SyncFreeDINO(DINO):
                 num_matching_queries=generator.num_matching_queries,
                 label_noise_scale=generator.label_noise_scale,
                 box_noise_scale=generator.box_noise_scale,
-                group_cfg=_group_cfg(generator))
+                group_cfg=_group_cfg(generator), label_noise_draws=label_noise_draws)
         self.dn_query_generator.label_embedding = generator.label_embedding
 
     def pre_transformer(self, mlvl_feats: Tuple[Tensor],
