@@ -58,7 +58,7 @@ _LAUNCHED = {"fwd": (forward_launcher, "msda_fwd_kernel"),
 # The mmdet default call (Deformable DETR decoder on a COCO image, D = 32,
 # L = K = 4); a variant only swaps the head dim.  Only the strides and the
 # constexprs derived from it reach the compiler.  fwd_pairs, the forward of
-# large 16-bit grids, and the stable sort's kernels compile the encoder's call.
+# large grids, and the stable sort's kernels compile the encoder's call.
 SHAPE = PRESETS["decoder"]
 PAIRS_SHAPE = PRESETS["encoder"]
 
@@ -129,7 +129,7 @@ def variants(archs, dtypes, head_dims, kernels=KERNELS, softmax=(False,)) -> lis
                     if "fwd" in kernels:
                         out.append(Variant("fwd", arch, dtype, d, softmax=fused))
                     # The launcher sends only even head dims to the pairs kernel.
-                    if "fwd_pairs" in kernels and dtype != "fp32" and d % 2 == 0:
+                    if "fwd_pairs" in kernels and d % 2 == 0:
                         out.append(Variant("fwd_pairs", arch, dtype, d, softmax=fused))
                     if "bwd" in kernels:
                         auto = auto_fp32_accum(dtype, arch)

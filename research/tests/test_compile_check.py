@@ -136,12 +136,12 @@ def test_wide_heads_do_not_spill(tmp_path):
 
 
 def test_pairs_forward_reads_16_byte_words_without_spills(tmp_path):
-    # msda_fwd_pairs_kernel (large fp16/bf16 grids) reads value as int32
-    # words of two channels: at D = 32 each corner row must still be one
-    # 16-byte load per thread, on both archs.
+    # msda_fwd_pairs_kernel (large grids) reads value as int32 (fp16/bf16) or
+    # int64 (fp32) words of two channels: at D = 32 each corner row must
+    # still be one 16-byte load per thread, on both archs.
     rows = _compile_check(tmp_path / "rows.json", "--archs", "80", "90", "--head-dims", "32",
-                          kernels=("fwd_pairs",), dtypes=("bf16", "fp16"))
-    assert len(rows) == 4
+                          kernels=("fwd_pairs",), dtypes=("bf16", "fp16", "fp32"))
+    assert len(rows) == 6
     for row in rows:
         assert row["error"] is None, row
         assert row["sass_loads"].get("LDG.E.128", 0) == 64, row  # 16 points x 4 corners
@@ -204,7 +204,7 @@ def test_corner_bounds_checks_compare_unsigned():
 def test_pairs_variants_only_where_the_launcher_takes_the_pairs_kernel():
     from research import codegen as cc
     rows = cc.variants([90], ["fp32", "bf16", "fp16"], [31, 32], ("fwd_pairs",))
-    assert [(v.dtype, v.head_dim) for v in rows] == [("bf16", 32), ("fp16", 32)]
+    assert [(v.dtype, v.head_dim) for v in rows] == [("fp32", 32), ("bf16", 32), ("fp16", 32)]
 
 
 def test_dump_writes_code_without_debug_lines(tmp_path):
