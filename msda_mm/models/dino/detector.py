@@ -2,8 +2,10 @@
 
 mmdet iterates the levels' (H, W) as a device tensor where it needs them as
 numbers: the encoder's reference points and the encoder's output proposals
-read them by ``linspace`` (a scalar read each, per level), and its denoising
-query generator copies a factor per image and counts queries on the device.
+read them by ``linspace`` (a scalar read each, per level), its
+``pre_transformer`` copies each level's (H, W) to the device on its own (a
+blocking copy per level), and its denoising query generator copies a factor
+per image and counts queries on the device.
 Here the levels' sizes are kept as the Python ints mmdet reads them from (the
 feature maps' shapes) for those two, the (H, W) tensor still goes to the
 attention layers, and the denoising queries come from
@@ -16,6 +18,7 @@ from __future__ import annotations
 from typing import Dict, Optional, Sequence, Tuple
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from ... import compat  # noqa: F401  (first: on mmcv-lite, mmdet.models imports only after it)
@@ -36,7 +39,7 @@ LevelSizes = Sequence[Tuple[int, int]]
 class SyncFreeDINO(DINO):
     """``DINO`` whose encoder reference points, encoder output proposals and
     denoising queries wait on the device once a step (the label noise's
-    ``nonzero``) instead of 8 * L + about 3 * B times (L levels, B images).
+    ``nonzero``) instead of 9 * L + about 3 * B times (L levels, B images).
     Same arguments, parameters (state_dict keys), random draws, outputs and
     losses as ``DINO``.
 
@@ -62,10 +65,53 @@ class SyncFreeDINO(DINO):
 
     def pre_transformer(self, mlvl_feats: Tuple[Tensor],
                         batch_data_samples: OptSampleList = None) -> Tuple[Dict, Dict]:
-        """``DeformableDETR.pre_transformer``, whose encoder inputs also hold
+        """``DeformableDETR.pre_transformer`` with the levels' (H, W) sent to
+        the device in one non-blocking copy (mmdet copies each level's from
+        pageable memory: a wait per level); its encoder inputs also hold
         ``level_sizes``: each level's (H, W) as ints."""
-        encoder_inputs, decoder_inputs = super().pre_transformer(mlvl_feats, batch_data_samples)
-        encoder_inputs["level_sizes"] = tuple(tuple(feat.shape[-2:]) for feat in mlvl_feats)
+        if batch_data_samples is None:
+            raise ValueError("SyncFreeDINO.pre_transformer needs batch_data_samples (the "
+                             "images' sizes make the padding masks)")
+        batch_size = mlvl_feats[0].size(0)
+        input_h, input_w = batch_data_samples[0].batch_input_shape
+        img_shapes = [sample.img_shape for sample in batch_data_samples]
+        if torch.onnx.is_in_onnx_export() or all(
+                h == input_h and w == input_w for h, w in img_shapes):
+            mlvl_masks = [None] * len(mlvl_feats)
+            mlvl_pos_embeds = [self.positional_encoding(None, input=feat) for feat in mlvl_feats]
+        else:
+            # Non-zero where padded, as in the official DETR repo.
+            masks = mlvl_feats[0].new_ones((batch_size, input_h, input_w))
+            for img_id, (img_h, img_w) in enumerate(img_shapes):
+                masks[img_id, :img_h, :img_w] = 0
+            mlvl_masks = [F.interpolate(masks[None], size=feat.shape[-2:]).to(torch.bool)
+                          .squeeze(0) for feat in mlvl_feats]
+            mlvl_pos_embeds = [self.positional_encoding(mask) for mask in mlvl_masks]
+        level_sizes = tuple(tuple(feat.shape[-2:]) for feat in mlvl_feats)
+        (spatial_shapes,) = to_device([torch.tensor(level_sizes, dtype=torch.long)],
+                                      mlvl_feats[0].device)
+        feat_flatten, lvl_pos_embed_flatten = [], []
+        for lvl, (feat, pos_embed) in enumerate(zip(mlvl_feats, mlvl_pos_embeds)):
+            c = feat.shape[1]
+            feat_flatten.append(feat.view(batch_size, c, -1).permute(0, 2, 1))
+            lvl_pos_embed_flatten.append(pos_embed.view(batch_size, c, -1).permute(0, 2, 1)
+                                         + self.level_embed[lvl].view(1, 1, -1))
+        feat_flatten = torch.cat(feat_flatten, 1)
+        lvl_pos_embed_flatten = torch.cat(lvl_pos_embed_flatten, 1)
+        mask_flatten = (None if mlvl_masks[0] is None
+                        else torch.cat([mask.flatten(1) for mask in mlvl_masks], 1))
+        level_start_index = torch.cat((spatial_shapes.new_zeros((1,)),
+                                       spatial_shapes.prod(1).cumsum(0)[:-1]))
+        if mlvl_masks[0] is not None:
+            valid_ratios = torch.stack([self.get_valid_ratio(m) for m in mlvl_masks], 1)
+        else:
+            valid_ratios = mlvl_feats[0].new_ones(batch_size, len(mlvl_feats), 2)
+        encoder_inputs = dict(feat=feat_flatten, feat_mask=mask_flatten,
+                              feat_pos=lvl_pos_embed_flatten, spatial_shapes=spatial_shapes,
+                              level_start_index=level_start_index, valid_ratios=valid_ratios,
+                              level_sizes=level_sizes)
+        decoder_inputs = dict(memory_mask=mask_flatten, spatial_shapes=spatial_shapes,
+                              level_start_index=level_start_index, valid_ratios=valid_ratios)
         return encoder_inputs, decoder_inputs
 
     def forward_encoder(self, feat: Tensor, feat_mask: Optional[Tensor], feat_pos: Tensor,
