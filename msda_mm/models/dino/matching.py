@@ -117,6 +117,22 @@ def batch_cost(match_costs: Sequence, scores: Tensor, boxes: Tensor, row_factors
     return torch.stack(costs).sum(dim=0)
 
 
+def batch_block_costs(match_costs: Sequence, cls_scores_list: Sequence[Tensor],
+                      bbox_preds_list: Sequence[Tensor], factors: Tensor, pred_factors: Tensor,
+                      gt_instances: InstanceData, num_gts: List[int]) -> Tensor:
+    """``batch_cost`` of every query of the batch against every GT box, each
+    row and column scaled by its own image's (w, h, w, h): factors in the GT
+    boxes' dtype, pred_factors in the predictions' (DETRHead scales the
+    predicted boxes so).  (sum Q_i, sum G_i)."""
+    num_queries = [len(scores) for scores in cls_scores_list]
+    row_factors = torch.cat([f.expand(q, 4) for f, q in zip(factors, num_queries)])
+    boxes = bbox_cxcywh_to_xyxy(torch.cat(list(bbox_preds_list))) * torch.cat(
+        [f.expand(q, 4) for f, q in zip(pred_factors, num_queries)])
+    gt_factors = torch.cat([f.expand(g, 4) for f, g in zip(factors, num_gts)])
+    return batch_cost(match_costs, torch.cat(list(cls_scores_list)), boxes, row_factors,
+                      gt_instances, gt_factors)
+
+
 def match_on_host(match_costs: Sequence, cls_scores_list: Sequence[Tensor],
                   bbox_preds_list: Sequence[Tensor], factors: Tensor, pred_factors: Tensor,
                   gt_instances: InstanceData, num_gts: List[int]) -> np.ndarray:
@@ -134,13 +150,8 @@ def match_on_host(match_costs: Sequence, cls_scores_list: Sequence[Tensor],
     if not to_match:
         return np.zeros((3, 0), np.int64)
     with torch.no_grad():  # HungarianAssigner detaches the cost: no graph to build
-        row_factors = torch.cat([f.expand(q, 4) for f, q in zip(factors, num_queries)])
-        # DETRHead scales by the image size in the predictions' dtype.
-        boxes = bbox_cxcywh_to_xyxy(torch.cat(list(bbox_preds_list))) * torch.cat(
-            [f.expand(q, 4) for f, q in zip(pred_factors, num_queries)])
-        gt_factors = torch.cat([f.expand(g, 4) for f, g in zip(factors, num_gts)])
-        cost = batch_cost(match_costs, torch.cat(list(cls_scores_list)), boxes, row_factors,
-                          gt_instances, gt_factors)
+        cost = batch_block_costs(match_costs, cls_scores_list, bbox_preds_list, factors,
+                                 pred_factors, gt_instances, num_gts)
         packed = torch.cat([cost[q0[i]:q0[i + 1], g0[i]:g0[i + 1]].flatten()
                             for i in to_match])
         # scipy matches in float64; numpy has no bfloat16, and upcasting a
@@ -183,12 +194,8 @@ def match_on_device(match_costs: Sequence, cls_scores_list: Sequence[Tensor],
          torch.tensor(to_match), torch.tensor(flat), torch.tensor(row0), torch.tensor(gt),
          torch.tensor(img)], device)
     with torch.no_grad():
-        row_factors = factors.repeat_interleave(Q, dim=0)
-        boxes = bbox_cxcywh_to_xyxy(torch.cat(list(bbox_preds_list))) * (
-            pred_factors.repeat_interleave(Q, dim=0))
-        gt_factors = torch.cat([f.expand(g, 4) for f, g in zip(factors, num_gts)])
-        cost = batch_cost(match_costs, torch.cat(list(cls_scores_list)), boxes, row_factors,
-                          gt_instances, gt_factors)
+        cost = batch_block_costs(match_costs, cls_scores_list, bbox_preds_list, factors,
+                                 pred_factors, gt_instances, num_gts)
         blocks = cost.view(len(num_queries), Q, -1).index_select(0, images).gather(
             2, columns[:, None, :].expand(-1, Q, -1))
         rows = linear_assignment(blocks, counts)
