@@ -29,6 +29,7 @@ from mmdet.models.layers import DeformableDetrTransformerEncoder
 from mmdet.registry import MODELS
 from mmdet.structures import OptSampleList
 
+from ...ops.validate import level_starts
 from .cdn_query_generator import SyncFreeCdnQueryGenerator
 from .one_copy import to_device
 
@@ -88,8 +89,10 @@ class SyncFreeDINO(DINO):
                           .squeeze(0) for feat in mlvl_feats]
             mlvl_pos_embeds = [self.positional_encoding(mask) for mask in mlvl_masks]
         level_sizes = tuple(tuple(feat.shape[-2:]) for feat in mlvl_feats)
-        (spatial_shapes,) = to_device([torch.tensor(level_sizes, dtype=torch.long)],
-                                      mlvl_feats[0].device)
+        # The levels' starts too are known on the host: the same copy brings them.
+        spatial_shapes, level_start_index = to_device(
+            [torch.tensor(level_sizes, dtype=torch.long),
+             torch.tensor(level_starts(level_sizes), dtype=torch.long)], mlvl_feats[0].device)
         feat_flatten, lvl_pos_embed_flatten = [], []
         for lvl, (feat, pos_embed) in enumerate(zip(mlvl_feats, mlvl_pos_embeds)):
             c = feat.shape[1]
@@ -100,8 +103,6 @@ class SyncFreeDINO(DINO):
         lvl_pos_embed_flatten = torch.cat(lvl_pos_embed_flatten, 1)
         mask_flatten = (None if mlvl_masks[0] is None
                         else torch.cat([mask.flatten(1) for mask in mlvl_masks], 1))
-        level_start_index = torch.cat((spatial_shapes.new_zeros((1,)),
-                                       spatial_shapes.prod(1).cumsum(0)[:-1]))
         if mlvl_masks[0] is not None:
             valid_ratios = torch.stack([self.get_valid_ratio(m) for m in mlvl_masks], 1)
         else:
