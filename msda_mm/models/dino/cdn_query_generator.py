@@ -25,6 +25,7 @@ from mmdet.models.layers import CdnQueryGenerator
 from mmdet.structures import SampleList
 
 from .one_copy import to_device
+from .padded_batch import PaddedBatch
 
 
 def _host_indices(img_shapes: Sequence[tuple], counts: List[int], num_groups: int,
@@ -70,12 +71,19 @@ class SyncFreeCdnQueryGenerator(CdnQueryGenerator):
         probability label_noise_scale / 2 (mmdet's chance of a redraw)."""
         if self.label_noise_draws == "mmdet":
             return super().generate_dn_label_query(gt_labels, num_groups)
+        return self.every_query_label_noise(gt_labels, num_groups)
+
+    def every_query_label_noise(self, gt_labels: Tensor, num_groups: int) -> Tensor:
+        """The "every_query" label queries of ``gt_labels`` (T,): (2 *
+        num_groups * T, embed_dims), copy-major as mmdet's."""
         labels = gt_labels.repeat(2 * num_groups, 1).view(-1)
         noised = torch.rand_like(labels.float()) < (self.label_noise_scale * 0.5)
         drawn = torch.randint_like(labels, 0, self.num_classes)
         return self.label_embedding(torch.where(noised, drawn, labels))
 
     def __call__(self, batch_data_samples: SampleList) -> tuple:
+        if isinstance(batch_data_samples, PaddedBatch):
+            return self.padded_queries(batch_data_samples)
         gts = [sample.gt_instances for sample in batch_data_samples]
         counts = [len(gt.bboxes) for gt in gts]
         bboxes = torch.cat([gt.bboxes for gt in gts])
@@ -99,3 +107,38 @@ class SyncFreeCdnQueryGenerator(CdnQueryGenerator):
         dn_meta = dict(num_denoising_queries=num_denoising_queries,
                        num_denoising_groups=num_groups)
         return batched_label_query, batched_bbox_query, attn_mask, dn_meta
+
+    def padded_queries(self, batch: PaddedBatch) -> tuple:
+        """The queries of a batch of GT boxes padded to a cap G, in static
+        shapes: groups as mmdet's for G boxes an image, (B, D, ...) queries
+        with D = 2 * groups * G, slot c * G + j holding copy c of box j.
+
+        mmdet pads each image's slots to the batch's largest count M with
+        zero queries that take part in the self-attention; here slots past
+        an image's count are zero too, and those past M are also cut out of
+        it (no query sees them; each sees itself, so that no softmax row is
+        empty).  So, up to the order of sums, these queries give mmdet's
+        outputs with M boxes and the same groups.  The label noise draws
+        for every query ("every_query": no wait); with equal counts G in
+        every image, the random draws are mmdet's own on the same boxes."""
+        num_imgs, cap = batch.gt_labels.shape
+        num_groups = self.get_num_groups(cap)
+        copies = 2 * num_groups
+        boxes = (batch.gt_boxes / batch.factors[:, None]).reshape(-1, 4)
+        label_query = self.every_query_label_noise(batch.gt_labels.reshape(-1), num_groups)
+        bbox_query = self.generate_dn_bbox_query(boxes, num_groups)
+        valid = batch.gt_valid()[:, None, :, None]
+
+        def batched(query: Tensor) -> Tensor:  # (copies * B * G, C) -> (B, copies * G, C)
+            query = query.view(copies, num_imgs, cap, -1).transpose(0, 1)
+            return torch.where(valid, query, 0).reshape(num_imgs, copies * cap, -1)
+
+        num_denoising_queries = copies * cap
+        attn_mask = self.generate_dn_mask(cap, num_groups, device=boxes.device)
+        beyond = torch.arange(num_denoising_queries, device=boxes.device) % cap >= (
+            batch.num_gts.max())
+        attn_mask[:, :num_denoising_queries] |= beyond
+        attn_mask.fill_diagonal_(False)
+        dn_meta = dict(num_denoising_queries=num_denoising_queries,
+                       num_denoising_groups=num_groups)
+        return batched(label_query), batched(bbox_query), attn_mask, dn_meta

@@ -32,6 +32,7 @@ from mmdet.structures import OptSampleList
 from ...ops.validate import level_starts
 from .cdn_query_generator import SyncFreeCdnQueryGenerator
 from .one_copy import to_device
+from .padded_batch import PaddedBatch
 
 LevelSizes = Sequence[Tuple[int, int]]
 
@@ -63,6 +64,7 @@ class SyncFreeDINO(DINO):
                 box_noise_scale=generator.box_noise_scale,
                 group_cfg=_group_cfg(generator), label_noise_draws=label_noise_draws)
         self.dn_query_generator.label_embedding = generator.label_embedding
+        self._level_cache: Dict[tuple, Tuple[Tensor, Tensor]] = {}
 
     def pre_transformer(self, mlvl_feats: Tuple[Tensor],
                         batch_data_samples: OptSampleList = None) -> Tuple[Dict, Dict]:
@@ -74,25 +76,17 @@ class SyncFreeDINO(DINO):
             raise ValueError("SyncFreeDINO.pre_transformer needs batch_data_samples (the "
                              "images' sizes make the padding masks)")
         batch_size = mlvl_feats[0].size(0)
-        input_h, input_w = batch_data_samples[0].batch_input_shape
-        img_shapes = [sample.img_shape for sample in batch_data_samples]
-        if torch.onnx.is_in_onnx_export() or all(
-                h == input_h and w == input_w for h, w in img_shapes):
+        masks = _padding_masks(mlvl_feats[0], batch_data_samples)
+        if masks is None:
             mlvl_masks = [None] * len(mlvl_feats)
             mlvl_pos_embeds = [self.positional_encoding(None, input=feat) for feat in mlvl_feats]
         else:
-            # Non-zero where padded, as in the official DETR repo.
-            masks = mlvl_feats[0].new_ones((batch_size, input_h, input_w))
-            for img_id, (img_h, img_w) in enumerate(img_shapes):
-                masks[img_id, :img_h, :img_w] = 0
             mlvl_masks = [F.interpolate(masks[None], size=feat.shape[-2:]).to(torch.bool)
                           .squeeze(0) for feat in mlvl_feats]
             mlvl_pos_embeds = [self.positional_encoding(mask) for mask in mlvl_masks]
         level_sizes = tuple(tuple(feat.shape[-2:]) for feat in mlvl_feats)
-        # The levels' starts too are known on the host: the same copy brings them.
-        spatial_shapes, level_start_index = to_device(
-            [torch.tensor(level_sizes, dtype=torch.long),
-             torch.tensor(level_starts(level_sizes), dtype=torch.long)], mlvl_feats[0].device)
+        spatial_shapes, level_start_index = self._level_tensors(level_sizes,
+                                                                mlvl_feats[0].device)
         feat_flatten, lvl_pos_embed_flatten = [], []
         for lvl, (feat, pos_embed) in enumerate(zip(mlvl_feats, mlvl_pos_embeds)):
             c = feat.shape[1]
@@ -114,6 +108,29 @@ class SyncFreeDINO(DINO):
         decoder_inputs = dict(memory_mask=mask_flatten, spatial_shapes=spatial_shapes,
                               level_start_index=level_start_index, valid_ratios=valid_ratios)
         return encoder_inputs, decoder_inputs
+
+    def _level_tensors(self, level_sizes: LevelSizes,
+                       device: torch.device) -> Tuple[Tensor, Tensor]:
+        """The levels' (H, W) (L, 2) and starts (L,) as int64 tensors on
+        ``device``, sent in one non-blocking copy the first time and kept:
+        a captured step must not copy from the host (its graph would read
+        the pinned buffer again at every replay, long after it was reused)."""
+        key = (level_sizes, device)
+        if key not in self._level_cache:
+            # The levels' starts too are known on the host: the same copy brings them.
+            self._level_cache[key] = tuple(to_device(
+                [torch.tensor(level_sizes, dtype=torch.long),
+                 torch.tensor(level_starts(level_sizes), dtype=torch.long)], device))
+        return self._level_cache[key]
+
+    def padded_loss(self, batch: PaddedBatch) -> Dict[str, Tensor]:
+        """``loss`` of a PaddedBatch: mmdet's DINO losses in static shapes
+        with no host read (the canvas's padding masked as mmdet masks a
+        batch's, the GT padding weighing nothing), what a captured training
+        step computes.  The bbox head must be a BatchedMatchingDINOHead."""
+        img_feats = self.extract_feat(batch.images)
+        head_inputs = self.forward_transformer(img_feats, batch)
+        return self.bbox_head.loss(**head_inputs, batch_data_samples=batch)
 
     def forward_encoder(self, feat: Tensor, feat_mask: Optional[Tensor], feat_pos: Tensor,
                         spatial_shapes: Tensor, level_start_index: Tensor,
@@ -177,6 +194,24 @@ class SyncFreeDINO(DINO):
         output_memory = output_memory.masked_fill(~valid, float(0))
         output_memory = self.memory_trans_norm(self.memory_trans_fc(output_memory))
         return output_memory, proposals
+
+
+def _padding_masks(feat: Tensor, batch_data_samples) -> Optional[Tensor]:
+    """(B, H, W) in ``feat``'s dtype, non-zero where an image is padded (as
+    in the official DETR repo), or None where no image is: the masks of
+    DeformableDETR.pre_transformer.  A PaddedBatch always has them (its
+    shapes do not depend on its images' sizes)."""
+    if isinstance(batch_data_samples, PaddedBatch):
+        return batch_data_samples.masks().to(feat.dtype)
+    input_h, input_w = batch_data_samples[0].batch_input_shape
+    img_shapes = [sample.img_shape for sample in batch_data_samples]
+    if torch.onnx.is_in_onnx_export() or all(
+            h == input_h and w == input_w for h, w in img_shapes):
+        return None
+    masks = feat.new_ones((feat.size(0), input_h, input_w))
+    for img_id, (img_h, img_w) in enumerate(img_shapes):
+        masks[img_id, :img_h, :img_w] = 0
+    return masks
 
 
 def _group_cfg(generator) -> Dict:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Callable, Dict, List, Tuple
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from ... import compat  # noqa: F401  (first: on mmcv-lite, mmdet.models imports only after it)
 
@@ -20,7 +20,7 @@ from ... import compat  # noqa: F401  (first: on mmcv-lite, mmdet.models imports
 from mmdet.models.dense_heads import DINOHead
 from mmdet.models.losses import FocalLoss, GIoULoss, L1Loss, QualityFocalLoss
 from mmdet.registry import MODELS
-from mmdet.utils import InstanceList
+from mmdet.utils import InstanceList, reduce_mean
 
 from .denoising_targets import denoising_targets
 from .head_losses import (
@@ -36,6 +36,8 @@ from .image_sizes import image_factors
 from .losses import sync_free_twin
 from .matching import check_batchable, matched_targets
 from .one_copy import to_device
+from .padded_batch import PaddedBatch
+from .padded_targets import PaddedTargets, padded_denoising_targets, padded_matched_targets
 
 # Graphs the compiled losses may keep: a few output layouts times the dtypes
 # they come in, and sizes 0 and 1 (which dynamic shapes specialise).
@@ -75,16 +77,37 @@ class BatchedMatchingDINOHead(DINOHead):
         self.compile_losses = compile_losses
         self.device_matching = device_matching
         self._compiled = None
+        self._sync_free_losses = None
         if compile_losses:
+            self.sync_free_losses()
+        # Without train_cfg (a test-time build) DETRHead builds no assigner.
+        assigner = getattr(self, "assigner", None)
+        if assigner is not None:
+            check_batchable(assigner, type(self).__name__)
+
+    def sync_free_losses(self) -> Tuple[nn.Module, nn.Module, nn.Module]:
+        """The sync-free twins of (loss_cls, loss_bbox, loss_iou), built at
+        first use; ValueError for losses that have none."""
+        if self._sync_free_losses is None:
             # A tuple, not submodules: the state dict stays DINOHead's.
             self._sync_free_losses = tuple(
                 sync_free_twin(name, getattr(self, name), mmdet_type)
                 for name, mmdet_type in (("loss_cls", FocalLoss), ("loss_bbox", L1Loss),
                                          ("loss_iou", GIoULoss)))
-        # Without train_cfg (a test-time build) DETRHead builds no assigner.
-        assigner = getattr(self, "assigner", None)
-        if assigner is not None:
-            check_batchable(assigner, type(self).__name__)
+        return self._sync_free_losses
+
+    def loss(self, hidden_states: Tensor, references: List[Tensor], enc_outputs_class: Tensor,
+             enc_outputs_coord: Tensor, batch_data_samples, dn_meta: Dict[str, int]) -> dict:
+        """``DINOHead.loss``; ``batch_data_samples`` may also be a
+        PaddedBatch, whose losses then come in static shapes without a host
+        read (the same loss dict)."""
+        if not isinstance(batch_data_samples, PaddedBatch):
+            return super().loss(hidden_states, references, enc_outputs_class,
+                                enc_outputs_coord, batch_data_samples, dn_meta)
+        # DINOHead.loss_by_feat hands both on to the per-output losses below.
+        return self.loss_by_feat(*self(hidden_states, references), enc_outputs_class,
+                                 enc_outputs_coord, batch_data_samples, batch_data_samples,
+                                 dn_meta)
 
     def get_targets(self, cls_scores_list: List[Tensor], bbox_preds_list: List[Tensor],
                     batch_gt_instances: InstanceList, batch_img_metas: List[dict]) -> tuple:
@@ -105,6 +128,10 @@ class BatchedMatchingDINOHead(DINOHead):
                             batch_img_metas: List[dict]) -> Tuple[Tensor, Tensor, Tensor]:
         """``DETRHead.loss_by_feat_single``: the losses of one matched output,
         cls_scores (B, Q, cls_out_channels) and bbox_preds (B, Q, 4)."""
+        if isinstance(batch_gt_instances, PaddedBatch):
+            return self._padded_losses(cls_scores, bbox_preds, padded_matched_targets(
+                self.assigner.match_costs, self.num_classes, cls_scores, bbox_preds,
+                batch_gt_instances), batch_gt_instances)
         if isinstance(self.loss_cls, QualityFocalLoss):  # its scores need mmdet's own code
             return super().loss_by_feat_single(cls_scores, bbox_preds, batch_gt_instances,
                                                batch_img_metas)
@@ -118,6 +145,10 @@ class BatchedMatchingDINOHead(DINOHead):
         """``DINOHead._loss_dn_single``: the losses of the denoising queries of
         one output, dn_cls_scores (B, D, cls_out_channels) and dn_bbox_preds
         (B, D, 4)."""
+        if isinstance(batch_gt_instances, PaddedBatch):
+            return self._padded_losses(dn_cls_scores, dn_bbox_preds, padded_denoising_targets(
+                self.num_classes, batch_gt_instances, dn_meta["num_denoising_queries"]),
+                batch_gt_instances)
         if isinstance(self.loss_cls, QualityFocalLoss):
             return super()._loss_dn_single(dn_cls_scores, dn_bbox_preds, batch_gt_instances,
                                            batch_img_metas, dn_meta)
@@ -162,6 +193,29 @@ class BatchedMatchingDINOHead(DINOHead):
         return (loss_cls, *box_losses(
             self.loss_bbox, self.loss_iou, bbox_preds, bbox_targets_list, bbox_weights_list,
             factors, box_normaliser(num_total_pos, loss_cls.dtype, loss_cls.device)))
+
+    def _padded_losses(self, cls_scores: Tensor, bbox_preds: Tensor, targets: PaddedTargets,
+                       batch: PaddedBatch) -> Tuple[Tensor, Tensor, Tensor]:
+        """``_losses`` of (B, Q, ...) outputs and their padded targets, by the
+        sync-free losses (compiled with ``compile_losses``), the normalisers
+        kept on the device: mmdet's computation on the same numbers, with no
+        host read."""
+        labels, label_weights, bbox_targets, bbox_weights, num_pos, num_neg = targets
+        losses = self.sync_free_losses()
+        # Weighted as in the official DETR repo.
+        cls_avg_factor = num_pos * 1.0 + num_neg * self.bg_cls_weight
+        if self.sync_cls_avg_factor:
+            cls_avg_factor = reduce_mean(cls_avg_factor.to(cls_scores.dtype).reshape(1))
+        cls_avg_factor = cls_avg_factor.clamp(min=1)
+        # DETRHead's .item() of the count in the loss's dtype, here kept on the device.
+        cls_dtype = focal_loss_dtype(losses[0], cls_scores, label_weights, cls_avg_factor)
+        box_avg_factor = reduce_mean(num_pos.to(cls_dtype).reshape(1)).clamp(min=1).float()[0]
+        compute = self._compiled_losses() if self.compile_losses else all_losses
+        with torch._dynamo.config.patch(recompile_limit=LOSS_GRAPHS):
+            return compute(losses, cls_scores, bbox_preds, [labels.reshape(-1)],
+                           [label_weights.reshape(-1)], [bbox_targets.reshape(-1, 4)],
+                           [bbox_weights.reshape(-1, 4)], batch.factors.to(bbox_preds.dtype),
+                           cls_avg_factor, box_avg_factor)
 
     def _compiled_losses(self) -> Callable:
         """``head_losses.all_losses`` compiled at first use: dynamic shapes

@@ -41,7 +41,8 @@ from mmdet.models.task_modules.assigners.match_cost import (
 from mmdet.structures.bbox import bbox_cxcywh_to_xyxy, bbox_xyxy_to_cxcywh
 from mmdet.utils import InstanceList
 
-from ...ops.linear_assignment import linear_assignment
+from ...ops.linear_assignment import linear_assignment, linear_assignment_reference
+from ...ops.runtime import interpreter_enabled
 from .image_sizes import image_factors
 from .losses import bbox_overlaps
 from .one_copy import to_device
@@ -133,6 +134,15 @@ def batch_block_costs(match_costs: Sequence, cls_scores_list: Sequence[Tensor],
                       gt_instances, gt_factors)
 
 
+def solve_assignment(cost: Tensor, num_cols: Tensor) -> Tensor:
+    """``linear_assignment`` of (P, N, G) costs with num_cols (P,) real
+    columns each; CPU tensors outside Triton's interpreter go to scipy
+    (``linear_assignment_reference``, the same format)."""
+    if cost.is_cuda or interpreter_enabled():
+        return linear_assignment(cost, num_cols)
+    return linear_assignment_reference(cost, num_cols)
+
+
 def match_on_host(match_costs: Sequence, cls_scores_list: Sequence[Tensor],
                   bbox_preds_list: Sequence[Tensor], factors: Tensor, pred_factors: Tensor,
                   gt_instances: InstanceData, num_gts: List[int]) -> np.ndarray:
@@ -198,7 +208,7 @@ def match_on_device(match_costs: Sequence, cls_scores_list: Sequence[Tensor],
                                  pred_factors, gt_instances, num_gts)
         blocks = cost.view(len(num_queries), Q, -1).index_select(0, images).gather(
             2, columns[:, None, :].expand(-1, Q, -1))
-        rows = linear_assignment(blocks, counts)
+        rows = solve_assignment(blocks, counts)
     return [rows.view(-1)[flat] + row0, gt, img]
 
 
