@@ -55,3 +55,16 @@ fastest_model = dict(sync_free_model, bbox_head=compiled_losses_head)
 # The loader pins the images in its own thread; the preprocessor then copies
 # them without a wait and without packing their bytes once more.
 pinned_loader = dict(pin_memory=True)
+# Every training step replayed from CUDA graphs (GraphedDINO, with the
+# fastest model's compiled losses, which save GPU time): each batch
+# padded to the smallest canvas and GT cap that hold it, the step captured
+# at its second batch of a shape and replayed from then on; a batch that
+# fits no bucket runs eagerly.  Canvases for DINO's multi-scale resize
+# (shorter side <= 800, longer <= 1333, either orientation, mixed in a batch).
+graphed_model = dict(fastest_model, type='GraphedDINO',
+                     canvas_sizes=[(800, 1333), (1333, 800), (1088, 1088), (1333, 1333)],
+                     gt_caps=[10, 25, 50, 100])
+# The synthetic data's: one canvas (the images' generated size), one cap (at
+# most 6 shapes an image).
+synthetic_graphed_model = dict(graphed_model, canvas_sizes=[(512, 512)], gt_caps=[6])
+tiny_graphed_model = dict(graphed_model, canvas_sizes=[(128, 128)], gt_caps=[6])

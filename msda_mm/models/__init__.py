@@ -4,6 +4,7 @@
 DINO's training step without its waits on the device (opt-in by config)."""
 from .dino import (
     BatchedMatchingDINOHead,
+    GraphedDINO,
     SyncFreeCdnQueryGenerator,
     SyncFreeDetDataPreprocessor,
     SyncFreeDINO,
@@ -13,6 +14,7 @@ from .dino import (
 )
 from .triton_ms_deform_attn import TritonMSDeformAttn
 
-__all__ = ["BatchedMatchingDINOHead", "SyncFreeCdnQueryGenerator", "SyncFreeDetDataPreprocessor",
-           "SyncFreeDINO", "SyncFreeFocalLoss", "SyncFreeGIoULoss", "SyncFreeL1Loss",
+__all__ = ["BatchedMatchingDINOHead", "GraphedDINO", "SyncFreeCdnQueryGenerator",
+           "SyncFreeDetDataPreprocessor", "SyncFreeDINO", "SyncFreeFocalLoss", "SyncFreeGIoULoss",
+           "SyncFreeL1Loss",
            "TritonMSDeformAttn"]

@@ -1,0 +1,6 @@
+# DINO-4scale R50 on COCO in bf16 AMP with every training step replayed from
+# CUDA graphs (configs/_recipe.py's graphed_model): dino_bf16_fastest.py's
+# step (fused AdamW, compiled layers and losses), captured.
+_base_ = './dino_bf16_fastest.py'
+
+model = {{_base_.graphed_model}}

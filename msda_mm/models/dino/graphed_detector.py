@@ -1,0 +1,187 @@
+"""DINO whose training step is replayed from CUDA graphs.
+
+``SyncFreeDINO`` already waits nowhere on the device in a step, yet its
+host still runs every kernel launch of it from Python, and that is most of
+the step's time.  Here each batch is padded to one of a few static shapes
+(``padded_batch``), its losses computed with no host read
+(``SyncFreeDINO.padded_loss``), and the whole step captured once per shape
+and replayed (``msda_mm.engine.captured_steps``).
+"""
+from __future__ import annotations
+
+import logging
+from contextlib import nullcontext
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import torch
+from mmengine.logging import MessageHub, print_log
+from mmengine.optim import AmpOptimWrapper, OptimWrapper
+from torch import Tensor
+
+from ... import compat  # noqa: F401  (first: on mmcv-lite, mmdet.models imports only after it)
+
+# isort: split
+from mmdet.registry import MODELS
+
+from ...engine.captured_steps import CapturedSteps
+from .detector import SyncFreeDINO
+from .head import BatchedMatchingDINOHead
+from .padded_batch import PaddedBatch, bucket, pad_batch
+
+
+class StepLogs:
+    """The log vectors of training steps, read from the device once every
+    ``interval`` steps (one wait) instead of once a step: the earlier steps'
+    values go to the message hub as mmengine's RuntimeInfoHook would have
+    put them, the last step's are returned for it to put."""
+
+    def __init__(self, interval: int) -> None:
+        if interval < 1:
+            raise ValueError(f"log_interval must be >= 1, got {interval}")
+        self.interval = interval
+        self._pending: List[Tensor] = []
+
+    def record(self, names: Sequence[str], values: Tensor) -> Dict[str, float]:
+        # A copy: a replay's log vector is overwritten by the next replay.
+        self._pending.append(values.clone())
+        if len(self._pending) < self.interval:
+            return {}
+        rows = torch.stack(self._pending).tolist()
+        self._pending.clear()
+        hub = MessageHub.get_current_instance()
+        for row in rows[:-1]:
+            for name, value in zip(names, row):
+                hub.update_scalar(f"train/{name}", value)
+        return dict(zip(names, rows[-1]))
+
+
+@MODELS.register_module()
+class GraphedDINO(SyncFreeDINO):
+    """``SyncFreeDINO`` whose ``train_step`` runs from CUDA graphs.
+
+    Each batch is padded to the smallest of ``canvas_sizes`` that holds it
+    and its GT boxes to the smallest of ``gt_caps`` that holds the most of
+    an image, which makes its shape key; the first ``warmup_steps`` steps of
+    a key run eagerly, the next is captured, later ones replay.  A batch
+    that fits no bucket runs eagerly (a log line says so, once per shape).
+    The denoising queries come in ``num_dn_queries // G`` groups (G the
+    key's cap) with mmdet's dynamic ``group_cfg`` (fewer than mmdet's
+    ``// max count`` when the cap exceeds the batch's largest count), and
+    their label noise draws for every query.  Losses and gradient norm are
+    logged every ``log_interval`` steps (one wait on the device each time).
+
+    The optimizer wrapper must be mmengine's OptimWrapper (fp32) or
+    AmpOptimWrapper with dtype bfloat16 (fp16 would need loss scaling),
+    without gradient accumulation, around torch's Adam or AdamW; the bbox
+    head a BatchedMatchingDINOHead.
+
+    Args:
+        canvas_sizes: the (H, W) canvases a batch is padded to.
+        gt_caps: the GT counts per image a batch is padded to.
+        warmup_steps: eager steps of each key before its capture.
+        log_interval: steps between reads of the logged values (set it to
+            the LoggerHook's interval).
+    """
+
+    def __init__(self, *args, canvas_sizes: Sequence[Tuple[int, int]] = ((800, 1333),
+                                                                          (1333, 800)),
+                 gt_caps: Sequence[int] = (10, 25, 50, 100), warmup_steps: int = 1,
+                 log_interval: int = 50, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        if not isinstance(self.bbox_head, BatchedMatchingDINOHead):
+            raise TypeError(f"GraphedDINO computes its losses with BatchedMatchingDINOHead; "
+                            f"bbox_head is {type(self.bbox_head).__name__}")
+        self.canvas_sizes = [tuple(int(v) for v in size) for size in canvas_sizes]
+        if not self.canvas_sizes or any(len(s) != 2 or min(s) < 1 for s in self.canvas_sizes):
+            raise ValueError(f"canvas_sizes must be (H, W) pairs of positive sizes, got "
+                             f"{canvas_sizes!r}")
+        self.gt_caps = sorted(int(g) for g in gt_caps)
+        if not self.gt_caps or self.gt_caps[0] < 1:
+            raise ValueError(f"gt_caps must be positive GT counts, got {gt_caps!r}")
+        if warmup_steps < 1:
+            raise ValueError(f"warmup_steps must be >= 1, got {warmup_steps}")
+        self.warmup_steps = warmup_steps
+        self._logs = StepLogs(log_interval)
+        self._steps: Optional[CapturedSteps] = None
+        self._wrapper: Optional[OptimWrapper] = None
+        self._log_names: Optional[List[str]] = None
+        self._eager_shapes: set = set()
+
+    @property
+    def captured_keys(self) -> List[tuple]:
+        """The (B, H, W, G) keys whose step is replayed from a graph."""
+        return [] if self._steps is None else self._steps.keys
+
+    def train_step(self, data, optim_wrapper: OptimWrapper) -> Dict[str, float]:
+        """One training step on ``data`` (a batch from the dataloader): the
+        losses and the gradient norm every ``log_interval`` steps, an empty
+        dict in between."""
+        steps = self._captured_steps(optim_wrapper)
+        data = self.data_preprocessor(data, True)
+        inputs, samples = data["inputs"], data["data_samples"]
+        height, width = inputs.shape[-2:]
+        most = max((len(sample.gt_instances) for sample in samples), default=0)
+        fit = bucket(self.canvas_sizes, self.gt_caps, height, width, most)
+        if fit is None:
+            fit = (height, width, max(most, 1))
+            if fit not in self._eager_shapes:
+                self._eager_shapes.add(fit)
+                print_log(f"GraphedDINO: a batch of {height} x {width} images with up to "
+                          f"{most} GT boxes fits no bucket (canvas_sizes "
+                          f"{self.canvas_sizes}, gt_caps {self.gt_caps}); such steps run "
+                          f"eagerly", logger="current", level=logging.WARNING)
+            captured = False
+        else:
+            captured = inputs.is_cuda
+        batch = pad_batch(inputs, samples, fit[:2], fit[2])
+        values = steps(batch, captured)  # names its values at its first run
+        return self._logs.record(self._log_names, values)
+
+    def _captured_steps(self, optim_wrapper: OptimWrapper) -> CapturedSteps:
+        if self._steps is None:
+            check_wrapper(optim_wrapper)
+            self._wrapper = optim_wrapper
+            self._steps = CapturedSteps(self._step, optim_wrapper.optimizer,
+                                        warmup=self.warmup_steps)
+        elif optim_wrapper is not self._wrapper:
+            raise ValueError("GraphedDINO.train_step was given another optim_wrapper than "
+                             "at its first step (its graphs update that one's optimizer)")
+        return self._steps
+
+    def _step(self, batch: PaddedBatch) -> Tensor:
+        """Forward, losses, backward, clipping and update on ``batch``; the
+        logged values as one float32 vector."""
+        wrapper = self._wrapper
+        dtype = getattr(wrapper, "cast_dtype", None)
+        autocast = (nullcontext() if dtype is None else
+                    torch.autocast(batch.images.device.type, dtype=dtype, cache_enabled=False))
+        with autocast:
+            losses = self.padded_loss(batch)
+        loss, log_vars = self.parse_losses(losses)
+        loss.backward()
+        values = [value.detach().float().reshape(()) for value in log_vars.values()]
+        names = list(log_vars)
+        if wrapper.clip_grad_kwargs:
+            params = [p for group in wrapper.optimizer.param_groups for p in group["params"]
+                      if p.requires_grad and p.grad is not None]
+            norm = wrapper.clip_func(params, **wrapper.clip_grad_kwargs)
+            if norm is not None:  # clip_grad_value_ returns none
+                values.append(norm.float().reshape(()))
+                names.append(wrapper.grad_name)
+        wrapper.optimizer.step()
+        self._log_names = names
+        return torch.stack(values)
+
+
+def check_wrapper(optim_wrapper) -> None:
+    """TypeError/ValueError unless GraphedDINO can capture
+    ``optim_wrapper``'s update."""
+    if type(optim_wrapper) not in (OptimWrapper, AmpOptimWrapper):
+        raise TypeError(f"GraphedDINO captures the update of an OptimWrapper or "
+                        f"AmpOptimWrapper, got {type(optim_wrapper).__name__}")
+    if isinstance(optim_wrapper, AmpOptimWrapper) and optim_wrapper.cast_dtype != torch.bfloat16:
+        raise ValueError(f"GraphedDINO trains in fp32 or bf16 AMP (no loss scaling); "
+                         f"AmpOptimWrapper has dtype {optim_wrapper.cast_dtype}")
+    if optim_wrapper._accumulative_counts != 1:
+        raise ValueError(f"GraphedDINO updates every step; optim_wrapper accumulates "
+                         f"{optim_wrapper._accumulative_counts} steps")

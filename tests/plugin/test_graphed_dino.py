@@ -1,0 +1,167 @@
+"""GraphedDINO's training step: on CPU it runs eagerly and logs every
+log_interval steps what the step computed; on CUDA (GPU tests) a step
+replayed from its graph gives the losses and parameters of the same step run
+eagerly, and waits nowhere on the device between log reads."""
+import copy
+
+import pytest
+import torch
+from mmdet.testing import demo_mm_inputs
+from mmengine.config import Config
+from mmengine.logging import MessageHub
+from mmengine.optim import AmpOptimWrapper, OptimWrapper
+
+from msda_mm.models import GraphedDINO
+from msda_mm.models.dino import graphed_detector
+from msda_mm.models.dino.padded_batch import pad_batch
+
+from .detr_configs import build_detector
+from .test_sync_free_dino import CONFIGS
+
+CANVAS, CAP = (64, 64), 4
+
+
+def tiny_graphed_dino(device: str = "cpu", **kwargs) -> GraphedDINO:
+    """The CPU demo's DINO as GraphedDINO on one bucket (64 x 64, 4 boxes);
+    the denoising noise all but off, so that the random draws (which a
+    replay makes otherwise than an eager step) change nothing."""
+    model = Config.fromfile(str(CONFIGS / "synthetic" / "dino_tiny_cpu.py")).model
+    model.type = "GraphedDINO"
+    model.data_preprocessor.type = "SyncFreeDetDataPreprocessor"
+    model.bbox_head.type = "BatchedMatchingDINOHead"
+    model.dn_cfg.update(label_noise_scale=0.0, box_noise_scale=1e-9)
+    model.update(dict(dict(canvas_sizes=[CANVAS], gt_caps=[CAP]), **kwargs))
+    torch.manual_seed(0)
+    detector = build_detector(model)
+    detector.init_weights()
+    return detector.to(device).train()
+
+
+def batches(count: int):
+    """``count`` batches of 2 images (64 x 64 and 48 x 64) and their GT boxes."""
+    return [demo_mm_inputs(batch_size=2, image_shapes=[(3, 64, 64), (3, 48, 64)],
+                           num_items=[3, 1 + i % 3], num_classes=6) for i in range(count)]
+
+
+def adamw_wrapper(model, amp: bool = False, lr: float = 1e-4, **optimizer):
+    optim = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=1e-4, **optimizer)
+    if amp:
+        return AmpOptimWrapper(optimizer=optim, dtype="bfloat16",
+                               clip_grad=dict(max_norm=0.1, norm_type=2))
+    return OptimWrapper(optimizer=optim, clip_grad=dict(max_norm=0.1, norm_type=2))
+
+
+def test_logs_every_interval_what_the_step_computed(reference_backend, quiet_mmengine):
+    model = tiny_graphed_dino(log_interval=2)
+    twin = copy.deepcopy(model)
+    wrapper = adamw_wrapper(model)
+    hub = MessageHub.get_instance("graphed_dino_logs")
+    data = batches(2)
+    # What the two steps compute, by hand on the twin.
+    expected = []
+    twin_wrapper = adamw_wrapper(twin)
+    for batch in data:
+        inputs = twin.data_preprocessor(copy.deepcopy(batch), True)
+        torch.manual_seed(3)
+        loss, log_vars = twin.parse_losses(twin.padded_loss(
+            pad_batch(inputs["inputs"], inputs["data_samples"], CANVAS, CAP)))
+        loss.backward()
+        norm = torch.nn.utils.clip_grad_norm_(twin.parameters(), max_norm=0.1, norm_type=2)
+        twin_wrapper.optimizer.step()
+        twin_wrapper.optimizer.zero_grad()
+        expected.append({**{k: v.item() for k, v in log_vars.items()}, "grad_norm": norm.item()})
+    torch.manual_seed(3)
+    assert model.train_step(copy.deepcopy(data[0]), wrapper) == {}
+    torch.manual_seed(3)
+    logged = model.train_step(copy.deepcopy(data[1]), wrapper)
+    assert {"loss", "loss_cls", "dn_loss_iou", "grad_norm"} <= set(logged)
+    assert set(logged) == set(expected[1])
+    for name, value in expected[1].items():
+        assert logged[name] == pytest.approx(value, rel=1e-5), name
+    first = hub.get_scalar("train/loss")
+    assert first.data[0][-1] == pytest.approx(expected[0]["loss"], rel=1e-5)
+    for p, q in zip(model.parameters(), twin.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+
+
+def test_refuses_what_it_cannot_capture(quiet_mmengine):
+    model = tiny_graphed_dino()
+    data = batches(1)[0]
+    # mmengine builds an AmpOptimWrapper only where there is a GPU: its fields by hand.
+    fp16 = AmpOptimWrapper.__new__(AmpOptimWrapper)
+    fp16.optimizer, fp16.cast_dtype = torch.optim.AdamW(model.parameters()), torch.float16
+    fp16._accumulative_counts = 1
+    with pytest.raises(ValueError, match="fp32 or bf16 AMP"):
+        model.train_step(copy.deepcopy(data), fp16)
+    model = tiny_graphed_dino()
+    sgd = OptimWrapper(optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
+    with pytest.raises(TypeError, match="the optimizer is SGD"):
+        model.train_step(copy.deepcopy(data), sgd)
+    model = tiny_graphed_dino()
+    accumulating = OptimWrapper(optimizer=torch.optim.AdamW(model.parameters()),
+                                accumulative_counts=2)
+    with pytest.raises(ValueError, match="accumulates 2 steps"):
+        model.train_step(copy.deepcopy(data), accumulating)
+    with pytest.raises(ValueError, match="gt_caps must be positive"):
+        tiny_graphed_dino(gt_caps=[0])
+    with pytest.raises(ValueError, match="canvas_sizes must be"):
+        tiny_graphed_dino(canvas_sizes=[(64,)])
+    with pytest.raises(ValueError, match="log_interval must be >= 1"):
+        tiny_graphed_dino(log_interval=0)
+
+
+def test_a_batch_outside_the_buckets_runs_eagerly_and_says_so(reference_backend,
+                                                              quiet_mmengine, monkeypatch):
+    messages = []
+    monkeypatch.setattr(graphed_detector, "print_log", lambda msg, **_: messages.append(msg))
+    model = tiny_graphed_dino(log_interval=1)
+    wrapper = adamw_wrapper(model)
+    big = demo_mm_inputs(batch_size=2, image_shapes=[(3, 80, 64)] * 2, num_items=[2, 6],
+                         num_classes=6)
+    for _ in range(2):
+        logged = model.train_step(copy.deepcopy(big), wrapper)
+        assert torch.isfinite(torch.tensor(logged["loss"]))
+    assert model.captured_keys == []
+    assert len(messages) == 1
+    assert "a batch of 80 x 64 images with up to 6 GT boxes fits no bucket" in messages[0]
+
+
+@pytest.mark.gpu
+# fp32: the parameters move, and the steps stay within the op's atomic sums.
+# bf16: Adam's first updates (about lr * sign(g)) turn bf16's atomic rounding
+# into different parameters, so the learning rate is 0 and the test checks
+# the replayed forward and losses in bf16 on the same parameters.
+@pytest.mark.parametrize("amp, lr, rtol", [(False, 1e-4, 1e-4), (True, 0.0, 1e-2)],
+                         ids=["fp32", "bf16"])
+def test_replayed_steps_are_the_eager_steps_on_cuda(amp, lr, rtol, quiet_mmengine):
+    """The same 5 steps with the graph (warm-up 1: eager, capture, replays)
+    and eagerly throughout: the same logged values and parameters; the
+    replays wait nowhere on the device (the values are read at the fifth
+    step only)."""
+    if not torch.cuda.is_available():
+        pytest.fail("GPU test run without CUDA")
+    graphed = tiny_graphed_dino("cuda", log_interval=5)
+    eager = copy.deepcopy(graphed)
+    eager.warmup_steps = 10 ** 6
+    runs = []
+    for run, model in enumerate((graphed, eager)):
+        hub = MessageHub.get_instance(f"graphed_dino_replay_{amp}_{run}")
+        wrapper = adamw_wrapper(model, amp=amp, lr=lr, fused=True)
+        for i, batch in enumerate(batches(5)):
+            if model is graphed and i in (2, 3):
+                torch.cuda.synchronize()
+                torch.cuda.set_sync_debug_mode("error")
+            try:
+                last = model.train_step(copy.deepcopy(batch), wrapper)
+            finally:
+                torch.cuda.set_sync_debug_mode(0)
+        runs.append({name: [*hub.get_scalar(f"train/{name}").data[0][-4:], value]
+                     for name, value in last.items()})
+    assert graphed.captured_keys == [(2, *CANVAS, CAP)]
+    assert eager.captured_keys == []
+    ours, theirs = runs
+    assert set(ours) == set(theirs) and {"loss", "grad_norm", "dn_loss_cls"} <= set(ours)
+    for name in theirs:
+        assert ours[name] == pytest.approx(theirs[name], rel=rtol, abs=1e-5), name
+    for p, q in zip(graphed.parameters(), eager.parameters()):
+        torch.testing.assert_close(p, q, rtol=rtol, atol=1e-3)
