@@ -1,18 +1,20 @@
 """Training throughput of one config, and where a step's time goes.
 
     python tools/profile_step.py CONFIG [--batch-size N] [--iters N] [--warmup N]
-        [--profile-iters N] [--amp {bf16,fp16,none}] [--image-size H W] [--out DIR]
-        [--cfg-options k=v ...]
+        [--profile-iters N] [--back-to-back] [--amp {bf16,fp16,none}]
+        [--image-size H W] [--out DIR] [--cfg-options k=v ...]
 
 Builds the model, optimizer and train dataloader through the config's
 Runner and calls ``model.train_step(data, optim_wrapper)`` in a loop:
---warmup steps, then --iters timed steps (each synchronised: ms/iter,
-images/s, peak GPU memory), then --profile-iters more under torch.profiler
-(device time, the MSDA kernels' share of it, the top host costs,
-synchronisation points), then on CUDA --sync-iters more under PyTorch's
-sync debug mode, which names the Python frame of every wait on the device
-(the trace could not there: bench/step/syncs.py).  Data loading is outside
-the timed and profiled ranges.  With
+--warmup steps, then --iters timed steps (ms/iter, images/s, peak GPU
+memory; each synchronised, or with --back-to-back the whole run as a
+training loop runs it, without a wait between steps), then
+--profile-iters more under torch.profiler (device time, the MSDA kernels'
+share of it, the top host costs, synchronisation points), then on CUDA
+--sync-iters more under PyTorch's sync debug mode, which names the Python
+frame of every wait on the device (the trace could not there:
+bench/step/syncs.py).  Data loading is outside the timed and profiled
+ranges.  With
 --image-size the steps train on synthetic shapes of exactly H x W
 (generated once under data/), whatever data the config names.  Writes
 profile.json and profile.md to --out.
@@ -44,6 +46,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--sync-iters", type=int, default=2, metavar="N",
                         help="CUDA: steps whose waits on the device are counted by Python "
                              "frame in sync debug mode after the profiled ones (default 2)")
+    parser.add_argument("--back-to-back", action="store_true",
+                        help="time the steps as a training loop runs them, without a wait "
+                             "between them (default: each step synchronised)")
     parser.add_argument("--amp", choices=AMP, help="precision (default: the config's)")
     parser.add_argument("--image-size", type=positive_int, nargs=2, metavar=("H", "W"),
                         help="train on synthetic H x W images instead of the config's data")

@@ -67,8 +67,21 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def timed_steps(model, optim_wrapper, batches, iters: int, device: torch.device) -> list[float]:
-    """Wall seconds of each of ``iters`` steps, synchronised before and after."""
+def timed_steps(model, optim_wrapper, batches, iters: int, device: torch.device,
+                back_to_back: bool = False) -> list[float]:
+    """Wall seconds of each of ``iters`` steps, synchronised before and after;
+    ``back_to_back``: the steps run as a training loop runs them, with no
+    wait in between (the host prepares a step while the device runs the
+    last) on batches loaded before, each given the mean of the whole run's
+    wall time."""
+    if back_to_back:
+        loaded = [next(batches) for _ in range(iters)]
+        _sync(device)
+        start = time.perf_counter()
+        for data in loaded:
+            model.train_step(data, optim_wrapper)
+        _sync(device)
+        return [(time.perf_counter() - start) / iters] * iters
     seconds = []
     for _ in range(iters):
         data = next(batches)
@@ -131,7 +144,7 @@ def measure(cfg, args: argparse.Namespace) -> tuple[dict, torch.device]:
     timed_steps(model, optim_wrapper, batches, args.warmup, device)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    seconds = timed_steps(model, optim_wrapper, batches, args.iters, device)
+    seconds = timed_steps(model, optim_wrapper, batches, args.iters, device, args.back_to_back)
     peak_mib = torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None
     trace = profiled_steps(model, optim_wrapper, batches, args.profile_iters, device)
     counted = sync_sources(model, optim_wrapper, batches, args.sync_iters, device)
