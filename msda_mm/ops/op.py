@@ -298,10 +298,8 @@ def multi_scale_deformable_attention(
             rows their terms reach.  Sparser rows (the Deformable DETR
             decoder) take a
             counting sort and sum exact integers at a power-of-two scale per
-            value row: at least as accurate as fp32_grad_accum=True, and NaN
-            throughout a head whose grad_output or attention_weights hold
-            inf or NaN (or whose bound passes 2**127, 2**1023 for fp64
-            inputs) (docs/determinism.md).
+            value row: at least as accurate as fp32_grad_accum=True, its
+            inf and NaN terms summed apart (docs/determinism.md).
             grad_sampling_locations and
             grad_attention_weights have no atomics: deterministic either way.
         softmax: attention_weights are raw logits, and the weights are
@@ -319,6 +317,17 @@ def multi_scale_deformable_attention(
     Returns:
         (B, Q, M * D) in value's dtype.  Gradients flow to value,
         sampling_locations and attention_weights, each in its own dtype.
+
+    Non-finite values, on every path (forward, either backward, either
+    sort, softmax): an output or gradient element is finite exactly where
+    msda_reference's (fp64, rounded to its dtype) is; where it is not it may
+    be NaN on one path and +-inf on another (IEEE arithmetic in other
+    orders: 0 * inf and inf - inf are NaN).  A location outside its level
+    (NaN, inf and huge ones too) samples zero: its gradient is 0, NaN
+    where its weight or grad_output is inf or NaN.  Finite inputs overflow
+    only where a float sum passes its dtype's range (the counting sort's
+    integer sums: where the exact sum does).  docs/determinism.md,
+    "Non-finite values".
 
     What is checked: shapes, dtypes and devices of every tensor,
     fp32_grad_accum and deterministic (None, True or False) and softmax (True

@@ -34,6 +34,23 @@ def point_softmax(attention_logits: torch.Tensor) -> torch.Tensor:
         attention_logits.shape)
 
 
+def _live_or_outside(loc: torch.Tensor, h: int, w: int) -> torch.Tensor:
+    """Locations (..., 2) of one h x w level where the sample is live (pixel
+    coordinate x * w - 0.5 in [-1, w), y's in [-1, h): the kernels'
+    sampling.sample_cell), else -2, outside every level, whose gradient
+    reaches the location times 0: a sample that is not live samples zero
+    and its location's gradient is 0 x its upstream gradient (NaN where that
+    is inf or NaN), as grid_sample makes them for any location outside,
+    also where its own pixel coordinate would be NaN (a NaN location) or
+    overflow (1e38 * w in fp32)."""
+    x_im = loc[..., 0] * w - 0.5
+    y_im = loc[..., 1] * h - 0.5
+    live = (x_im >= -1.0) & (x_im < w) & (y_im >= -1.0) & (y_im < h)
+    # nan_to_num's gradient is the incoming one times isfinite: 0 x inf stays NaN.
+    outside = 0.0 * torch.nan_to_num(loc) - 2.0
+    return torch.where(live[..., None], loc, outside)
+
+
 def msda_reference(
     value: torch.Tensor,
     spatial_shapes: torch.Tensor,
@@ -51,7 +68,10 @@ def msda_reference(
         level_start_index: (L,) offsets of each level in S, or None to use the
             cumulative sizes of ``spatial_shapes``.
 
-    Non-finite locations contribute zero and receive zero gradient.
+    A location outside its level (NaN, inf and huge ones included) samples
+    zero; its gradient and its weight's are 0 times the gradients that
+    reach them, NaN where those are inf or NaN (docs/determinism.md,
+    "Non-finite values").
 
     Returns:
         (B, Q, M * D) in the promoted dtype of the three float inputs.
@@ -67,10 +87,6 @@ def msda_reference(
         torch.promote_types(value.dtype, sampling_locations.dtype), attention_weights.dtype)
     value = value.to(dtype)
     loc = sampling_locations.to(dtype)
-    # A non-finite location samples nothing (as in mmcv's CUDA kernel);
-    # grid_sample would return NaN, so move it far outside every level.
-    loc = torch.where(torch.isfinite(loc), loc, torch.full_like(loc, -2.0))
-    grids = 2 * loc - 1
     B, S, M, D = value.shape
     _, Q, _, L, K, _ = sampling_locations.shape
     shapes = spatial_shapes.tolist()
@@ -84,7 +100,8 @@ def msda_reference(
         # (B, h*w, M, D) -> (B*M, D, h, w)
         v = value[:, start:start + h * w].permute(0, 2, 3, 1).reshape(B * M, D, h, w)
         # (B, Q, M, K, 2) -> (B*M, Q, K, 2)
-        g = grids[:, :, :, lvl].transpose(1, 2).reshape(B * M, Q, K, 2)
+        g = (2 * _live_or_outside(loc[:, :, :, lvl], h, w) - 1).transpose(1, 2).reshape(
+            B * M, Q, K, 2)
         sampled.append(F.grid_sample(v, g, mode="bilinear", padding_mode="zeros",
                                      align_corners=False))  # (B*M, D, Q, K)
     # (B*M, D, Q, L, K) weighted by (B*M, 1, Q, L, K), summed over L and K.

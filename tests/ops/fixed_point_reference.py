@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import torch
 
-from msda_mm.ops.deterministic.buckets import grad_value_bound
-
 MAGIC = 1.5 * 2**23
 C_MAX = 2.0**120
 NO_ENTRY = -(2**14)
@@ -88,27 +86,28 @@ def fixed_point_grad_value(value, spatial_shapes, loc, attn, grad_out) -> torch.
     e = min(22, 31 - N) - X and the terms fma(c * 2**(e+k), go * 2**-k, MAGIC)
     - MAGIC (the interpreter's fma: a product and a sum, each rounded),
     otherwise e = 63 - N - X and the same product truncated; the integers
-    summed exactly, times 2**-e, rounded once; NaN in heads whose bound
-    reaches 2**bias."""
+    summed exactly, times 2**-e, rounded once; g_q the max over the query's
+    finite channels, and the terms with an inf or NaN factor summed apart
+    in float, that sum the result where it is not 0 (nonfinite.py)."""
     B, S, M, D = value.shape
     acc = torch.float64 if torch.float64 in (value.dtype, loc.dtype, attn.dtype) else torch.float32
     fp32_terms = value.element_size() == 2 and acc == torch.float32
-    go = grad_out.unflatten(-1, (M, D))
-    ok = _exponent(grad_value_bound(go, attn)) <= (1023 if acc == torch.float64 else 127)
-    go = go.to(acc)
-    g = go.abs().amax(-1)
+    go = grad_out.unflatten(-1, (M, D)).to(acc)
+    g = torch.where(go.isfinite(), go.abs(), 0.0).amax(-1)
     kq = _exponent(g).clamp(-_limit(acc), _limit(acc))[..., None]  # (B, Q, M, 1): over K
     gs = g[..., None] * _pow2(-kq, acc)
     corners = list(_corners(spatial_shapes, loc, attn, acc, S))
     X = torch.full((B, S + 1, M), NO_ENTRY, dtype=torch.int64)
     n = 0
     for c, row in corners:
-        X = torch.maximum(X, _row_max(X.shape, row, _exponent(c.abs() * gs) + kq))
+        ex = _exponent(c.abs() * gs)
+        ex = ex + (ex > (1024 if acc == torch.float64 else 128)).long()  # an overflowed product
+        X = torch.maximum(X, _row_max(X.shape, row, ex + kq))
         n = n + _scatter((B, S + 1, M), row, torch.ones_like(row))
     N = _exponent(n.clamp(min=1).float())
     e = ((31 - N).clamp(max=22) if fp32_terms else 63 - N) - X
     gos = go * _pow2(-kq, acc)  # (B, Q, M, D)
-    sums = 0
+    sums, nonfinite = 0, torch.zeros(B, S + 1, M, D, dtype=acc)
     for c, row in corners:
         e_row = e[torch.arange(B)[:, None, None, None], row, torch.arange(M)[None, None, :, None]]
         cs = _times_pow2(c, e_row + kq).clamp(-C_MAX, C_MAX)
@@ -116,5 +115,10 @@ def fixed_point_grad_value(value, spatial_shapes, loc, attn, grad_out) -> torch.
         if fp32_terms:
             t = t + MAGIC - MAGIC
         sums = sums + _scatter((B, S + 1, M, D), row, t.long())
+        term = c[..., None] * go[:, :, :, None, :]
+        bad = ~(c.isfinite()[..., None] & go.isfinite()[:, :, :, None, :])
+        nonfinite.index_put_((torch.arange(B)[:, None, None, None], row,
+                              torch.arange(M)[None, None, :, None]),
+                             torch.where(bad, term, 0.0), accumulate=True)
     out = _times_pow2(sums[:, :S].to(acc), -e[:, :S, :, None])
-    return torch.where(ok[:, None, :, None], out, float("nan")).to(value.dtype)
+    return torch.where(nonfinite[:, :S] != 0, nonfinite[:, :S], out).to(value.dtype)

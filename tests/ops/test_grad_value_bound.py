@@ -50,6 +50,23 @@ def test_bound_kernel_stores_each_querys_largest_grad_output(dtype):
     torch.testing.assert_close(bound, grad_value_bound(go, w), rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float64], ids=str)
+def test_each_querys_scale_is_its_finite_channels_max(dtype):
+    # The gather scales a query's finite terms by it, and sums its inf and NaN
+    # terms apart; the bound still turns inf or NaN.
+    go, w = _inputs(dtype)
+    go[0, 5, 0, 2] = float("inf")
+    go[1, 7, 1, 1] = -float("nan")
+    go[1, 8, 2] = float("-inf")  # every channel: the scale is 0
+    query_max = torch.full(go.shape[:3], float("nan"), dtype=torch.promote_types(
+        dtype, torch.float32))
+    bound = grad_value_bound(go, w, query_max)
+    finite = torch.where(go.isfinite(), go.abs(), 0).to(query_max.dtype)
+    torch.testing.assert_close(query_max, finite.amax(-1), rtol=0, atol=0)
+    assert query_max[1, 8, 2] == 0 and query_max.isfinite().all()
+    assert bound[0, 0].isinf() and bound[1, 1].isnan() and bound[1, 2].isinf()
+
+
 def test_bound_kernel_takes_strided_inputs_and_one_query():
     go, w = _inputs(torch.float32, Q=1, D=40, L=3, K=5)
     _close(grad_value_bound(go, w), go, w)

@@ -129,19 +129,32 @@ def test_cuda_graph_replays_the_deterministic_backward(sort):
 
 
 @pytest.mark.parametrize("bad", [float("inf"), float("nan")])
-def test_non_finite_grad_output_makes_its_head_nan(bad):
+def test_non_finite_grad_output_reaches_its_rows_only(bad, sort):
+    # The inf or NaN elements are the fp32 accumulator's, kind for kind (the
+    # counting sort's channel pass, compiled), every other one is what it was.
     args = _one_pixel(torch.float32)
     g = torch.randn(2, 900, 256, device="cuda")
-    with tile_override(sort="counting"):
-        _, clean, _ = run_op(args, grad_out=g, deterministic=True)
-        g[1, 7, 3 * 32 + 5] = bad  # batch 1, head 3
-        _, grads, _ = run_op(args, grad_out=g, deterministic=True)
-    assert grads["value"][1, :, 3].isnan().all()
-    # The other heads' bounds, and so their fixed points, are untouched.
-    heads = torch.ones(2, 8, dtype=torch.bool, device="cuda")
-    heads[1, 3] = False
-    by_head = [t["value"].transpose(1, 2)[heads] for t in (grads, clean)]
-    assert_equal(*by_head)
+    _, clean, _ = run_op(args, grad_out=g, deterministic=True)
+    g[1, 7, 3 * 32 + 5] = bad  # batch 1, head 3, channel 5
+    _, grads, _ = run_op(args, grad_out=g, deterministic=True)
+    _, default, _ = run_op(args, grad_out=g, fp32_grad_accum=True)
+    for kind in (torch.isnan, torch.isposinf, torch.isneginf):
+        assert torch.equal(kind(grads["value"]), kind(default["value"])), kind.__name__
+    hit = ~grads["value"].isfinite()
+    assert hit[1, :, 3, 5].any() and hit.sum() == hit[1, :, 3, 5].sum()
+    assert_equal(grads["value"][~hit], clean["value"][~hit])
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+def test_grad_value_scales_exactly_to_the_top_of_fp32(dtype, sort):
+    # grad_output x 2**120: the counting sort's bound passes 2**127 (900
+    # queries), its fixed point's scale still fits, and every sum scales exactly.
+    args = _inputs(dtype, 0.0, 1.0, seed=5)
+    g = torch.randn(2, 900, 256, device="cuda").to(dtype)
+    _, base, _ = run_op(args, grad_out=g, deterministic=True)
+    _, scaled, _ = run_op(args, grad_out=g * 2.0**120, deterministic=True)
+    assert scaled["value"].isfinite().all()
+    assert_equal(scaled["value"], base["value"] * 2.0**120)
 
 
 def test_backward_on_a_user_stream_matches_the_default_stream(sort):

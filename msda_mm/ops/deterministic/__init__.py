@@ -12,8 +12,9 @@ the gather takes from a first pass over the row's entries (its largest
 |c| * max_d |go|, a max), rounded to integers and summed in int64 registers
 (fp32, fp64 values) or int32 (fp16, bf16: terms rounded in one FFMA), with
 no sum past the register's range; each sum is scaled back by 2**-e and
-rounded once (fixed_point.py, exact_sums.py; the bound that says whether a
-head's sums fit: bound.py).
+rounded once (fixed_point.py, exact_sums.py); terms with an inf or NaN
+factor are summed apart in float (nonfinite.py) in heads whose bound
+(bound.py) says they hold any.
 
 The host side: what msda_bwd_kernel fills for the sort (buffers.py), the
 sort itself (buckets.py) and the gather's launch (grad_value.py);

@@ -31,8 +31,9 @@ def grad_value_bound_kernel(
     Q * max_q (max_d |go[b, q, m, d]| * sum_{l,k} |w[b, q, m, l, k]|).
     The max over d in MAX_TY (exact for go's dtype), the sum in SUM_TY (fp32
     at least: 16-bit sums could overflow), their product in float64 (exact
-    for fp32 factors).  gq_ptr, unless None: each query's max_d |go| into a
-    (B, Q, M) array of MAX_TY (the gather's per-query scale).
+    for fp32 factors).  gq_ptr, unless None: each query's max over its
+    finite |go[b, q, m, d]| into a (B, Q, M) array of MAX_TY (the gather's
+    per-query scale).
     Grid: (cdiv(Q, BLOCK_Q), M, B)."""
     b, m, q, qmask, offs_d, dmask = program_tile(Q, D, BLOCK_Q, BLOCK_D)
     go = tl.load(row_ptrs(head_base(grad_out_ptr, b, m, stride_gob, stride_gom), q,
@@ -40,9 +41,14 @@ def grad_value_bound_kernel(
                  mask=qmask[:, None] & dmask[None, :], other=0.0).to(MAX_TY)
     # A max of the bits, not of the floats: tl.max drops NaN.
     BITS: tl.constexpr = tl.int64 if MAX_TY == tl.float64 else tl.int32
-    go_max = tl.max(tl.abs(go).to(BITS, bitcast=True), axis=1).to(MAX_TY, bitcast=True)
+    bits = tl.abs(go).to(BITS, bitcast=True)
+    go_max = tl.max(bits, axis=1).to(MAX_TY, bitcast=True)
     if gq_ptr is not None:
-        tl.store(query_max_ptrs(gq_ptr, b, q, m, Q), go_max, mask=qmask)
+        # The finite channels' max: the scale of the query's finite terms (the
+        # gather sums inf and NaN terms apart).  Finite floats' bits lie below inf's.
+        INF: tl.constexpr = 0x7FF0000000000000 if MAX_TY == tl.float64 else 0x7F800000
+        finite_max = tl.max(tl.where(bits < INF, bits, 0), axis=1).to(MAX_TY, bitcast=True)
+        tl.store(query_max_ptrs(gq_ptr, b, q, m, Q), finite_max, mask=qmask)
     w_sum = tl.zeros([BLOCK_Q], dtype=SUM_TY)
     for p0 in range(0, L * K, BLOCK_P):
         lvl, k, pmask = chunk_points(p0, L, K, BLOCK_P)

@@ -38,12 +38,12 @@ def grad_value_bound(go: torch.Tensor, attention_weights: torch.Tensor,
     max_d |go[b, q, m, d]| * sum_{l,k} |w[b, q, m, l, k]| to any element; Q
     times the largest of those bounds every sum.  A max rather than the sum
     over the queries (looser by the largest query's bound over the mean one,
-    about 2x for random grad_output), so that the bound, which decides whether
-    the head gets a result (fixed_point.head_ok), is the same whatever the
-    queries' order.  inf or NaN in go or the weights make it inf or NaN.
-    ``query_max``, a (B, Q, M) tensor (fp32; fp64 for fp64 ``go``): also each
-    query's max_d |go[b, q, m, d]|, from which the gather takes each value
-    row's exponent."""
+    about 2x for random grad_output), so that the bound is the same whatever
+    the queries' order.  inf or NaN in go or the weights make it inf or NaN:
+    the gather then sums the head's inf and NaN terms apart
+    (fixed_point.head_finite).  ``query_max``, a (B, Q, M) tensor (fp32;
+    fp64 for fp64 ``go``): also each query's max over its finite
+    |go[b, q, m, d]|, from which the gather takes each value row's exponent."""
     B, Q, M, D = go.shape
     _, _, _, L, K = attention_weights.shape
     head_bounds = torch.zeros(B, M, device=go.device, dtype=torch.float64)

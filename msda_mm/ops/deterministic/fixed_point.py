@@ -14,8 +14,12 @@ row's own largest term, whatever the head's other rows hold); 16-bit values
 round theirs in one FFMA and sum them in int32 (exact_sums.py).  The scale is
 applied as c * 2**(e + k_q) and go * 2**-k_q (scaled_factors, g_q < 2**k_q):
 neither overflows, and one is subnormal only in a term under 2**-62, which
-is 0 either way.  A head whose bound (buckets.grad_value_bound) is inf, NaN or
-2**BIAS or more, where a sum could overflow ACC, gets NaN (head_ok)."""
+is 0 either way.  Nothing overflows for any finite input: the result is inf
+only where the exact sum passes value's dtype.  g_q is the max over the
+query's finite channels, so that inf or NaN elsewhere in its grad_output
+leave its finite terms their scale; the terms with a factor inf or NaN are
+summed apart (nonfinite.py) in heads whose bound (buckets.grad_value_bound)
+is not finite (head_finite)."""
 import triton
 import triton.language as tl
 
@@ -76,9 +80,15 @@ def entry_exponent(c, g, live):
     """X (int32) with |c| * g < 2**X for each live entry (corner weight c, its
     query's g, both ACC), NO_ENTRY where not live: the exponent of the
     rounded |c| * (g * 2**-k_q), which bounds the exact product (rounding is
-    monotone), plus k_q.  Neither factor overflows in a head with a bound."""
+    monotone), plus k_q.  (X is no bound where c is inf or NaN: every term
+    of such an entry is inf or NaN, summed apart.)"""
+    BIAS: tl.constexpr = 1023 if g.dtype == tl.float64 else 127
     kq = _query_exponent(g)
-    return tl.where(live, _exponent(tl.abs(c) * (g * _pow2(-kq, g.dtype))) + kq, NO_ENTRY)
+    x = _exponent(tl.abs(c) * (g * _pow2(-kq, g.dtype)))
+    # g * 2**-k_q < 4: near the largest floats the product overflows (x = BIAS + 2,
+    # inf's) where it is under 2**(BIAS + 3).
+    x += (x > BIAS + 1).to(tl.int32)
+    return tl.where(live, x + kq, NO_ENTRY)
 
 
 @triton.jit
@@ -121,12 +131,12 @@ def head_bound(bound_ptr, b, m):
 
 
 @triton.jit
-def head_ok(bound, ACC: tl.constexpr):
-    """Whether the head has a result: its float64 bound on |every partial
-    sum| below 2**BIAS (not inf or NaN), so that no term, sum or result
-    overflows ACC."""
-    BIAS: tl.constexpr = 1023 if ACC == tl.float64 else 127
-    return _exponent(bound) <= BIAS
+def head_finite(bound):
+    """Whether the head's float64 bound is finite, so that no term has an
+    inf or NaN factor: none in its grad_output or attention weights (fp64
+    inputs whose bound passes fp64's range also say no; the gather's pass
+    for such terms then finds none)."""
+    return bound < float("inf")
 
 
 @triton.jit
@@ -143,9 +153,8 @@ def _round_to(x, ty: tl.constexpr):
 
 
 @triton.jit
-def fixed_to_float(acc, e, ok, ty: tl.constexpr, ACC: tl.constexpr):
+def fixed_to_float(acc, e, ty: tl.constexpr, ACC: tl.constexpr):
     """The rows' int64 sums acc ([BLOCK_S, BLOCK_D]) at exponents e ([BLOCK_S])
-    as ty: acc * 2**-e, NaN where the head has no result (ok False).  Only the
-    int64 -> ACC conversion rounds, then the store's (and a subnormal result)."""
-    out = _times_pow2(acc.to(ACC), -e[:, None])
-    return _round_to(tl.where(ok, out, float("nan")), ty)
+    as ty: acc * 2**-e.  Only the int64 -> ACC conversion rounds, then the
+    store's (and a subnormal or overflowing result)."""
+    return _round_to(_times_pow2(acc.to(ACC), -e[:, None]), ty)

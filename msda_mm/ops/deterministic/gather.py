@@ -12,8 +12,10 @@ The counting sort's gather makes two passes over a row's entries: the
 first (a max and a count: the row's exponent, neither dependent on the
 entries' order) loads each entry's 16-byte record (32 for fp64) and its
 query's max |grad_output| (4 bytes, 8 for fp64); the second loads both
-again and the query's grad_output row (D elements).  The stable sort's
-gather makes only the second pass, without the maxima.
+again and the query's grad_output row (D elements), or in a head with
+inf or NaN in its grad_output or weights one channel of it a channel at
+a time, its inf and NaN terms summed apart (nonfinite.py).  The stable
+sort's gather makes only the second pass, without the maxima.
 
 Value row (y, x) of a level is corner 11 of cell (y-1, x-1), 10 of
 (y-1, x), 01 of (y, x-1) and 00 of (y, x): extended cells (y, x), (y, x+1),
@@ -36,9 +38,10 @@ from .fixed_point import (
     fixed_point_terms,
     fixed_to_float,
     head_bound,
-    head_ok,
+    head_finite,
     row_exponent,
 )
+from .nonfinite import nonfinite_terms
 from .records import record_fields, record_ptrs
 
 
@@ -120,6 +123,43 @@ def _query_max(gq_ptr, b, m, q, live, Q, ACC: tl.constexpr):
 
 
 @triton.jit
+def _fixed_terms(c, g, go, e, FP32_TERMS: tl.constexpr):
+    """The fixed-point terms c * go * 2**e as integers: rounded in fp32 and
+    int32 (exact_sums.py) with FP32_TERMS, else truncated to int64."""
+    if FP32_TERMS:
+        return integer_terms(c, g, go, e)
+    else:
+        return fixed_point_terms(c, g, go, e)
+
+
+@triton.jit
+def _gather_channels(channels, gv_base, s, rmask, stride_gvs, go_base, gq_ptr, records_ptr, b, m,
+                     d0, d1, d2, d3, e0, e1, e2, n, e, Q, stride_goq, stride_god,
+                     BLOCK_S: tl.constexpr, BLOCK_E: tl.constexpr, ACC: tl.constexpr,
+                     FP32_TERMS: tl.constexpr):
+    """The fixed-point gather's second pass for a head with inf or NaN
+    input (channels = D; 0 for the others): a channel at a time, the finite
+    terms summed exactly at the rows' exponents e, as the kernel's tile
+    sums them, and the terms with an inf or NaN factor apart in float
+    (nonfinite.py), that sum the element's result where it is not 0.  A
+    channel at a time, so that its sums take [BLOCK_S] registers, fewer
+    than the tile's."""
+    for d in range(channels):
+        acc = tl.zeros([BLOCK_S, 1], dtype=tl.int32 if FP32_TERMS else tl.int64)
+        nonfinite = tl.zeros([BLOCK_S, 1], dtype=ACC)
+        for j0 in range(0, tl.max(tl.reshape(n, [BLOCK_S]), axis=0), BLOCK_E):
+            live, q, c = _entries(records_ptr, d0, d1, d2, d3, e0, e1, e2, n, j0, BLOCK_E, ACC)
+            g = _query_max(gq_ptr, b, m, q, live, Q, ACC)
+            go = tl.load(go_base + q[:, :, None] * stride_goq + d * stride_god,
+                         mask=live[:, :, None], other=0.0).to(ACC)
+            acc += tl.sum(_fixed_terms(c, g, go, e, FP32_TERMS), axis=1)
+            nonfinite += tl.sum(nonfinite_terms(c[:, :, None], go), axis=1)
+        ty = gv_base.dtype.element_ty
+        out = tl.where(nonfinite != 0, nonfinite.to(ty), fixed_to_float(acc, e, ty, ACC))
+        tl.store(gv_base + s.to(tl.int64)[:, None] * stride_gvs + d, out, mask=rmask[:, None])
+
+
+@triton.jit
 def _row_exponents(gq_ptr, records_ptr, b, m, d0, d1, d2, d3, e0, e1, e2, n, Q,
                    BLOCK_S: tl.constexpr, BLOCK_E: tl.constexpr, ACC: tl.constexpr,
                    FP32_TERMS: tl.constexpr):
@@ -161,8 +201,12 @@ def grad_value_gather_kernel(
     entries' count; the second sums the terms as integers, with FP32_TERMS
     (16-bit values, fp32 ACC) rounded in one FFMA each and summed in int32
     (exact_sums.py), else truncated from ACC and summed in int64
-    (fixed_point_terms).  bound_ptr (B, M) float64: a head
-    whose bound says it could overflow (head_ok) is NaN, its buckets unread.
+    (fixed_point_terms).  bound_ptr (B, M) float64: a head whose
+    bound is not finite (inf or NaN in its grad_output or weights) makes
+    its second pass a channel at a time, with its inf and NaN terms summed
+    apart (_gather_channels, [BLOCK_S] sums a channel), after the tile's
+    loop, which takes 0 steps in that head and whose store skips its rows;
+    in the other heads the channel pass takes 0 channels.
     Not FIXED (entries in sample order: sorted_fill.py; bound_ptr and
     gq_ptr None): one pass, the terms summed in ACC in entry order; PAIRS
     (16-bit grad_output and grad_value as int32 words of two channels, as
@@ -184,14 +228,17 @@ def grad_value_gather_kernel(
     head = b.to(tl.int64) * tl.num_programs(1) + m
     go_base = head_base(grad_out_ptr, b, m, stride_gob, stride_gom)
     dm = dmask[None, None, :]
-    if FIXED:
-        ok = head_ok(head_bound(bound_ptr, b, m), ACC)
-        row_ok &= ok
     d0, d1, d2, d3, e0, e1, e2, n = _row_cells(lvl, y, x, W, row_ok, head, lo_ptr, hi_ptr,
                                                HEAD_STRIDE, CELL_STRIDE, shapes_ptr, CELLS, L)
+    steps = tl.max(tl.reshape(n, [BLOCK_S]), axis=0)
     if FIXED:
         e = _row_exponents(gq_ptr, records_ptr, b, m, d0, d1, d2, d3, e0, e1, e2, n, Q,
                            BLOCK_S, BLOCK_E, ACC, FP32_TERMS)
+        # A head with inf or NaN input takes _gather_channels (after the tile's loop),
+        # the others the tile: loops of 0 steps and a store mask, not a branch, with
+        # which ptxas gave the tile nearly twice its registers at D = 24.
+        finite = head_finite(head_bound(bound_ptr, b, m)).to(tl.int32)
+        steps *= finite
         acc = tl.zeros([BLOCK_S, BLOCK_D], dtype=tl.int32 if FP32_TERMS else tl.int64)
     elif PAIRS:
         # Words: a half in fp32 is one shift or and, an int32 offset one IMAD: the
@@ -205,7 +252,7 @@ def grad_value_gather_kernel(
         acc_hi = tl.zeros([BLOCK_S, BLOCK_D // 2], dtype=tl.float32)
     else:
         acc = tl.zeros([BLOCK_S, BLOCK_D], dtype=ACC)
-    for j0 in range(0, tl.max(tl.reshape(n, [BLOCK_S]), axis=0), BLOCK_E):
+    for j0 in range(0, steps, BLOCK_E):
         live, q, c = _entries(records_ptr, d0, d1, d2, d3, e0, e1, e2, n, j0, BLOCK_E, ACC)
         if FIXED:
             g = _query_max(gq_ptr, b, m, q, live, Q, ACC)
@@ -221,10 +268,8 @@ def grad_value_gather_kernel(
                          mask=live[:, :, None] & dm, other=0.0).to(ACC)
             if not FIXED:
                 acc += tl.sum(c[:, :, None] * go, axis=1)
-            elif FP32_TERMS:
-                acc += tl.sum(integer_terms(c, g, go, e), axis=1)
             else:
-                acc += tl.sum(fixed_point_terms(c, g, go, e), axis=1)
+                acc += tl.sum(_fixed_terms(c, g, go, e, FP32_TERMS), axis=1)
     gv_base = head_base(grad_value_ptr, b, m, stride_gvb, stride_gvm)
     if PAIRS:
         gv_words = gv_base.to(tl.pointer_type(tl.int32))
@@ -232,7 +277,13 @@ def grad_value_gather_kernel(
                  pair_words(acc_lo, acc_hi, HALF), mask=rmask[:, None] & jmask[None, :])
     else:
         if FIXED:
-            out = fixed_to_float(acc, e, ok, grad_value_ptr.dtype.element_ty, ACC)
+            # The channel pass where the tile's sums only wait for their store: before
+            # the tile's loop, ptxas spilled the fp32 tile at D = 64.
+            _gather_channels(D * (1 - finite), gv_base, s, rmask, stride_gvs, go_base, gq_ptr,
+                             records_ptr, b, m, d0, d1, d2, d3, e0, e1, e2, n, e, Q, stride_goq,
+                             stride_god, BLOCK_S, BLOCK_E, ACC, FP32_TERMS)
+            rmask &= finite != 0
+            out = fixed_to_float(acc, e, grad_value_ptr.dtype.element_ty, ACC)
         else:
             out = acc.to(grad_value_ptr.dtype.element_ty)
         tl.store(row_ptrs(gv_base, s, stride_gvs, offs_d, 1), out,
