@@ -14,7 +14,8 @@ from .detr_configs import build_detector
 from .test_sync_free_dino import CONFIGS
 
 
-def tiny_sync_free_dino(box_noise_scale: float = 1.0, label_noise_scale: float = 0.5):
+def tiny_sync_free_dino(box_noise_scale: float = 1.0, label_noise_scale: float = 0.5,
+                        compile_losses: bool = False):
     """The CPU demo's DINO as SyncFreeDINO with the batched-matching head
     (device matching), the every-query label noise and two denoising groups
     whatever the GT count (the padded queries' groups come from the cap)."""
@@ -23,6 +24,7 @@ def tiny_sync_free_dino(box_noise_scale: float = 1.0, label_noise_scale: float =
     model.label_noise_draws = "every_query"
     model.bbox_head.type = "BatchedMatchingDINOHead"
     model.bbox_head.device_matching = True
+    model.bbox_head.compile_losses = compile_losses
     model.dn_cfg.update(label_noise_scale=label_noise_scale, box_noise_scale=box_noise_scale,
                         group_cfg=dict(dynamic=False, num_groups=2))
     torch.manual_seed(0)
@@ -80,6 +82,21 @@ def test_padding_changes_no_loss(num_items, reference_backend, quiet_mmengine):
                           num_items=num_items, num_classes=6)
     theirs, ours = losses_both_ways(model, data, (72, 80), max(num_items) + 4)
     assert_close_losses(theirs, ours, rtol=1e-5)
+
+
+def test_compiled_losses_are_the_eager_ones(reference_backend, quiet_mmengine):
+    """compile_losses=True (as the graphed configs take it): padded_loss's
+    losses as compiled graphs give the eager ones, up to fp32 reordering."""
+    data = demo_mm_inputs(batch_size=2, image_shapes=[(3, 64, 64), (3, 48, 64)],
+                          num_items=[3, 1], num_classes=6)
+    losses = []
+    for compile_losses in (False, True):
+        model = tiny_sync_free_dino(compile_losses=compile_losses)
+        inputs = model.data_preprocessor(copy.deepcopy(data), training=True)
+        torch.manual_seed(1)
+        losses.append(model.padded_loss(
+            pad_batch(inputs["inputs"], inputs["data_samples"], (64, 64), 5)))
+    assert_close_losses(*losses, rtol=1e-5)
 
 
 def test_bucket_takes_the_smallest_fitting_canvas_and_cap():
