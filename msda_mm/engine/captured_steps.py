@@ -29,6 +29,15 @@ class StaticBatch(Protocol):
 CAPTURABLE_OPTIMIZERS = (torch.optim.Adam, torch.optim.AdamW)
 
 
+def check_warmup(name: str, warmup: int) -> None:
+    """ValueError naming ``name`` unless at least one eager step comes
+    before a capture (the optimizer's state, lazy initialisations and
+    compilation must exist by then)."""
+    if warmup < 1:
+        raise ValueError(f"{name} must be >= 1 (the optimizer's state and lazy "
+                         f"initialisations come before a capture), got {warmup}")
+
+
 def check_capturable(optimizer: torch.optim.Optimizer) -> None:
     """TypeError unless ``optimizer``'s update can be captured."""
     if type(optimizer) not in CAPTURABLE_OPTIMIZERS:
@@ -41,7 +50,8 @@ def check_capturable(optimizer: torch.optim.Optimizer) -> None:
 def tensor_lrs(optimizer: torch.optim.Optimizer, lrs: List[Tensor]) -> Iterator[None]:
     """Each group's learning rate as its tensor of ``lrs`` while a step is
     captured, so that the graph reads the tensor; the floats that schedulers
-    set are back afterwards (``fill_lrs`` copies them in before a replay)."""
+    set are back afterwards (CapturedSteps copies them into the tensors
+    before each replay)."""
     floats = [group["lr"] for group in optimizer.param_groups]
     for group, lr in zip(optimizer.param_groups, lrs):
         group["lr"] = lr
@@ -64,17 +74,15 @@ class CapturedSteps:
     pool.  Where ``capture`` is False (a batch outside the buckets, or not
     on CUDA), the step runs eagerly.
 
-    The optimizer is made capturable (on CUDA); its learning rates enter the graphs
-    as tensors filled from the groups' floats before each replay, so that
-    parameter schedulers keep working.  The log vector of a replay lives in
+    The optimizer is made capturable (on CUDA); its learning rates enter the
+    graphs as tensors filled from the groups' floats before each replay, so
+    that parameter schedulers keep working.  The log vector of a replay lives in
     the graph's memory until the next replay: read it before.
     """
 
     def __init__(self, step: Callable[[StaticBatch], Tensor],
                  optimizer: torch.optim.Optimizer, warmup: int = 1) -> None:
-        if warmup < 1:
-            raise ValueError(f"warmup must be >= 1 (the optimizer's state and lazy "
-                             f"initialisations come before a capture), got {warmup}")
+        check_warmup("warmup", warmup)
         check_capturable(optimizer)
         for group in optimizer.param_groups:
             # Before the first update, whose state (the step counts) it places.

@@ -108,6 +108,8 @@ def test_refuses_what_it_cannot_capture(quiet_mmengine):
         tiny_graphed_dino(canvas_sizes=[(64,)])
     with pytest.raises(ValueError, match="log_interval must be >= 1"):
         tiny_graphed_dino(log_interval=0)
+    with pytest.raises(ValueError, match="warmup_steps must be >= 1"):
+        tiny_graphed_dino(warmup_steps=0)
 
 
 def test_a_batch_outside_the_buckets_runs_eagerly_and_says_so(reference_backend,

@@ -23,7 +23,7 @@ from ... import compat  # noqa: F401  (first: on mmcv-lite, mmdet.models imports
 # isort: split
 from mmdet.registry import MODELS
 
-from ...engine.captured_steps import CapturedSteps
+from ...engine.captured_steps import CapturedSteps, check_warmup
 from .detector import SyncFreeDINO
 from .head import BatchedMatchingDINOHead
 from .padded_batch import PaddedBatch, bucket, pad_batch
@@ -98,8 +98,7 @@ class GraphedDINO(SyncFreeDINO):
         self.gt_caps = sorted(int(g) for g in gt_caps)
         if not self.gt_caps or self.gt_caps[0] < 1:
             raise ValueError(f"gt_caps must be positive GT counts, got {gt_caps!r}")
-        if warmup_steps < 1:
-            raise ValueError(f"warmup_steps must be >= 1, got {warmup_steps}")
+        check_warmup("warmup_steps", warmup_steps)  # here, not at the first step
         self.warmup_steps = warmup_steps
         self._logs = StepLogs(log_interval)
         self._steps: Optional[CapturedSteps] = None
