@@ -7,6 +7,7 @@ is captured once per shape key and replayed by one launch.
 """
 from __future__ import annotations
 
+import time
 from collections import Counter
 from contextlib import contextmanager
 from typing import Callable, Dict, Hashable, Iterator, List, Optional, Protocol
@@ -78,6 +79,10 @@ class CapturedSteps:
     graphs as tensors filled from the groups' floats before each replay, so
     that parameter schedulers keep working.  The log vector of a replay lives in
     the graph's memory until the next replay: read it before.
+
+    ``setup_seconds[key]`` is the host time a captured key's first steps
+    took (its eager steps, compilation included, and the capture), the
+    capture's replay waited for: what a new shape costs once.
     """
 
     def __init__(self, step: Callable[[StaticBatch], Tensor],
@@ -92,6 +97,7 @@ class CapturedSteps:
         self._seen: Counter = Counter()
         self._pool = None
         self._lrs: Optional[List[Tensor]] = None
+        self.setup_seconds: Dict[Hashable, float] = {}
 
     @property
     def keys(self) -> List[Hashable]:
@@ -106,10 +112,17 @@ class CapturedSteps:
             self._fill_lrs()
             graph.replay()
             return log
-        if not capture or self._seen[key] < self.warmup:
+        if not capture:
+            return self._eager(batch, side_stream=False)
+        start = time.perf_counter()
+        if self._seen[key] < self.warmup:
             self._seen[key] += 1
-            return self._eager(batch, side_stream=capture)
-        return self._capture(batch)
+            log = self._eager(batch, side_stream=True)
+        else:
+            log = self._capture(batch)
+            torch.cuda.synchronize()  # once per key: its setup time ends here
+        self.setup_seconds[key] = self.setup_seconds.get(key, 0.0) + time.perf_counter() - start
+        return log
 
     def _eager(self, batch: StaticBatch, side_stream: bool) -> Tensor:
         self.optimizer.zero_grad(set_to_none=True)

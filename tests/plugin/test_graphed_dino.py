@@ -135,13 +135,15 @@ def test_a_batch_outside_the_buckets_runs_eagerly_and_says_so(reference_backend,
 # the replayed forward and losses in bf16 on the same parameters.
 @pytest.mark.parametrize("amp, lr, rtol", [(False, 1e-4, 1e-4), (True, 0.0, 1e-2)],
                          ids=["fp32", "bf16"])
-def test_replayed_steps_are_the_eager_steps_on_cuda(amp, lr, rtol, quiet_mmengine):
+def test_replayed_steps_are_the_eager_steps_on_cuda(amp, lr, rtol, quiet_mmengine, monkeypatch):
     """The same 5 steps with the graph (warm-up 1: eager, capture, replays)
     and eagerly throughout: the same logged values and parameters; the
     replays wait nowhere on the device (the values are read at the fifth
-    step only)."""
+    step only); the capture is reported once, with its time."""
     if not torch.cuda.is_available():
         pytest.fail("GPU test run without CUDA")
+    messages = []
+    monkeypatch.setattr(graphed_detector, "print_log", lambda msg, **_: messages.append(msg))
     graphed = tiny_graphed_dino("cuda", log_interval=5)
     eager = copy.deepcopy(graphed)
     eager.warmup_steps = 10 ** 6
@@ -161,6 +163,9 @@ def test_replayed_steps_are_the_eager_steps_on_cuda(amp, lr, rtol, quiet_mmengin
                      for name, value in last.items()})
     assert graphed.captured_keys == [(2, *CANVAS, CAP)]
     assert eager.captured_keys == []
+    assert len(messages) == 1
+    assert f"captured the step of key (B, H, W, G) = {(2, *CANVAS, CAP)}" in messages[0]
+    assert graphed.setup_seconds[(2, *CANVAS, CAP)] > 0
     ours, theirs = runs
     assert set(ours) == set(theirs) and {"loss", "grad_norm", "dn_loss_cls"} <= set(ours)
     for name in theirs:

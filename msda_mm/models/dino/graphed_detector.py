@@ -105,11 +105,18 @@ class GraphedDINO(SyncFreeDINO):
         self._wrapper: Optional[OptimWrapper] = None
         self._log_names: Optional[List[str]] = None
         self._eager_shapes: set = set()
+        self._reported: set = set()
 
     @property
     def captured_keys(self) -> List[tuple]:
         """The (B, H, W, G) keys whose step is replayed from a graph."""
         return [] if self._steps is None else self._steps.keys
+
+    @property
+    def setup_seconds(self) -> Dict[tuple, float]:
+        """Per key, the host seconds its first steps took (eager steps,
+        compilation and capture)."""
+        return {} if self._steps is None else dict(self._steps.setup_seconds)
 
     def train_step(self, data, optim_wrapper: OptimWrapper) -> Dict[str, float]:
         """One training step on ``data`` (a batch from the dataloader): the
@@ -134,7 +141,18 @@ class GraphedDINO(SyncFreeDINO):
             captured = inputs.is_cuda
         batch = pad_batch(inputs, samples, fit[:2], fit[2])
         values = steps(batch, captured)  # names its values at its first run
+        if captured and batch.key in steps.keys and batch.key not in self._reported:
+            self._report_capture(steps, batch.key)
         return self._logs.record(self._log_names, values)
+
+    def _report_capture(self, steps: CapturedSteps, key: tuple) -> None:
+        self._reported.add(key)
+        gib = torch.cuda.memory_reserved(self._wrapper.optimizer.param_groups[0]["params"][0]
+                                         .device) / 2**30
+        print_log(f"GraphedDINO: captured the step of key (B, H, W, G) = {key}; its first "
+                  f"{self.warmup_steps + 1} steps (eager, compilation, capture) took "
+                  f"{steps.setup_seconds[key]:.1f} s; {len(steps.keys)} keys captured, "
+                  f"{gib:.2f} GiB reserved by PyTorch's allocator", logger="current")
 
     def _captured_steps(self, optim_wrapper: OptimWrapper) -> CapturedSteps:
         if self._steps is None:
