@@ -24,7 +24,8 @@ KEYS = {"config", "batch_size", "image_size", "precision", "msda_modules", "msda
         "compiled_modules",
         "warmup", "iters",
         "profile_iters", "ms_per_iter", "ms_per_iter_median", "images_per_s", "peak_memory_mib",
-        "device_ms_per_iter", "msda_ms_per_iter", "msda_share", "cpu_ms_per_iter", "host_top",
+        "device_ms_per_iter", "msda_ms_per_iter", "msda_share", "device_top", "cpu_ms_per_iter",
+        "host_top",
         "sync_sources_per_iter", "sync_sources_method", "sync_iters", "waits_per_iter",
         "sync_points_per_iter", "step_ms", "environment"}
 
@@ -58,6 +59,7 @@ def test_two_steps_on_cpu_write_the_report(tmp_path):
     assert report["images_per_s"] == pytest.approx(2e3 / report["ms_per_iter"])
     # CPU: host time only.
     assert report["device_ms_per_iter"] is report["msda_share"] is None
+    assert report["device_top"] == []
     assert report["peak_memory_mib"] is None and report["cpu_ms_per_iter"] > 0
     assert 0 < len(report["host_top"]) <= 15
     assert set(report["sync_points_per_iter"]) == set(SYNC_EVENTS)
@@ -186,6 +188,11 @@ def test_summary_of_device_and_host_events():
     assert s["device_ms_per_iter"] == pytest.approx(0.040)
     assert s["msda_ms_per_iter"] == pytest.approx(0.010)
     assert s["msda_share"] == pytest.approx(0.25)
+    # Per kernel name, most time first; the step ranges' device copies are no kernels.
+    assert [(k["name"], k["calls_per_iter"], k["ms_per_iter"]) for k in s["device_top"]] == [
+        ("gemm", 1, pytest.approx(0.030)), ("msda_fwd_kernel", 0.5, pytest.approx(0.005)),
+        ("msda_bwd_kernel", 0.5, pytest.approx(0.005)), ("fill", 0.5, pytest.approx(0.005))]
+    assert s["device_top"][0]["share_of_busy"] == pytest.approx(0.75)
     assert s["cpu_ms_per_iter"] == pytest.approx(0.0145)
     # The Python frames take no self time here, so they rank last.
     assert [h["name"] for h in s["host_top"]] == [
@@ -227,3 +234,20 @@ def test_every_msda_kernel_counts_as_msda():
                  "ms_deformable_im2col_gpu_kernel"):
         assert MSDA_KERNEL.search(name), name
     assert not MSDA_KERNEL.search("msda_mm::train_step")
+
+
+def test_the_report_lists_the_device_kernels(monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "tools"))
+    from profile_step_measure import markdown
+    long_name = "void cutlass::Kernel<" + "x" * 200 + ">"
+    events = [_event(STEP, 0, 100), _event(long_name, 10, 40, DeviceType.CUDA),
+              _event("msda_fwd_kernel", 50, 60, DeviceType.CUDA)]
+    report = dict(summarise(events, iters=1), config="c.py", batch_size=2, image_size=[8, 8],
+                  precision="fp32", ms_per_iter=1.0, images_per_s=2000.0, peak_memory_mib=1.0,
+                  msda_modules={}, msda_kernels={}, compiled_modules=[], warmup=1,
+                  profile_iters=1, sync_sources_method="sync debug mode", waits_per_iter=0,
+                  sync_iters=1)
+    text = markdown(report)
+    assert "| kernel | calls/iter | ms/iter | share of device-busy |" in text
+    assert f"| `{long_name[:87]}...` | 1.0 | 0.03 | 75.0% |" in text
+    assert "| `msda_fwd_kernel` | 1.0 | 0.01 | 25.0% |" in text

@@ -172,6 +172,11 @@ def _fmt(value, spec: str, unit: str = "") -> str:
     return "n/a" if value is None else f"{value:{spec}}{unit}"
 
 
+def _short(name: str, limit: int = 90) -> str:
+    # Templated CUDA kernel names run to hundreds of characters.
+    return name if len(name) <= limit else name[:limit - 3] + "..."
+
+
 def markdown(r: dict) -> str:
     size = "x".join(map(str, r["image_size"])) if isinstance(r["image_size"], list) \
         else r["image_size"]
@@ -191,6 +196,12 @@ def markdown(r: dict) -> str:
         "",
         *([f"Compiled (CompileSubmodulesHook, during the {r['warmup']} warm-up steps): "
            f"{', '.join(r['compiled_modules'])}", ""] if r["compiled_modules"] else []),
+        *([f"Top device kernels per step ({r['profile_iters']} profiled steps):", "",
+           "| kernel | calls/iter | ms/iter | share of device-busy |",
+           "| --- | --- | --- | --- |",
+           *(f"| `{_short(k['name'])}` | {k['calls_per_iter']:.1f} | {k['ms_per_iter']:.2f} "
+             f"| {k['share_of_busy']:.1%} |" for k in r["device_top"]), ""]
+          if r["device_top"] else []),
         f"Top host costs per step (self CPU time, {r['profile_iters']} profiled steps):",
         "",
         "| op / function | calls/iter | self ms/iter | share of host |",

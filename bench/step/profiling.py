@@ -1,5 +1,6 @@
 """What a ``torch.profiler`` trace of training steps says about one step:
-device-busy time, the MSDA kernels' share of it, the host's most expensive
+device-busy time, the MSDA kernels' share of it, the device's most expensive
+kernels, the host's most expensive
 ops and Python functions, and its synchronisation points.
 
 The steps are marked with ``record_function(STEP)``.  Host events count when
@@ -31,6 +32,7 @@ _WAITING_OPS = ("aten::_local_scalar_dense", "aten::nonzero")
 SYNC_EVENTS = ("aten::_local_scalar_dense", "aten::item", "aten::nonzero") + _CUDA_WAITS
 
 TOP_HOST = 15
+TOP_DEVICE = 15
 TOP_SYNC_SOURCES = 12
 
 # A Python frame as torch.profiler(with_stack=True) names it: "path.py(line): function".
@@ -75,18 +77,29 @@ def _device_summary(events, iters: int) -> dict:
     # those carry the name of a host event and are left out.  Busy time is
     # the union of the rest, so overlapping streams count once.
     host_names = {e.name for e in events if e.device_type == DeviceType.CPU}
-    spans = sorted((e.time_range.start, e.time_range.end) for e in events
-                   if e.device_type != DeviceType.CPU and e.name not in host_names)
-    msda = sum(e.time_range.elapsed_us() for e in events
-               if e.device_type != DeviceType.CPU and MSDA_KERNEL.search(e.name))
+    kernels = [e for e in events
+               if e.device_type != DeviceType.CPU and e.name not in host_names]
+    spans = sorted((e.time_range.start, e.time_range.end) for e in kernels)
+    msda = sum(e.time_range.elapsed_us() for e in kernels if MSDA_KERNEL.search(e.name))
     busy, end = 0.0, float("-inf")
     for start, stop in spans:
         busy += max(0.0, stop - max(start, end))
         end = max(end, stop)
     if busy == 0.0:
-        return dict(device_ms_per_iter=None, msda_ms_per_iter=None, msda_share=None)
+        return dict(device_ms_per_iter=None, msda_ms_per_iter=None, msda_share=None,
+                    device_top=[])
+    by_name: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
+    for e in kernels:
+        row = by_name[e.name]
+        row[0] += 1
+        row[1] += e.time_range.elapsed_us()
+    top = sorted(by_name.items(), key=lambda kv: -kv[1][1])[:TOP_DEVICE]
     return dict(device_ms_per_iter=busy / iters / 1e3, msda_ms_per_iter=msda / iters / 1e3,
-                msda_share=msda / busy)
+                msda_share=msda / busy,
+                # Kernel time summed per name (streams that overlap count twice).
+                device_top=[dict(name=name, calls_per_iter=calls / iters,
+                                 ms_per_iter=us / iters / 1e3, share_of_busy=us / busy)
+                            for name, (calls, us) in top])
 
 
 def _caller(frame_name: str) -> bool:
