@@ -145,30 +145,55 @@ def test_replayed_steps_are_the_eager_steps_on_cuda(amp, lr, rtol, quiet_mmengin
     messages = []
     monkeypatch.setattr(graphed_detector, "print_log", lambda msg, **_: messages.append(msg))
     graphed = tiny_graphed_dino("cuda", log_interval=5)
+    eager = compare_with_eager(graphed, batches(5), amp, lr, rtol, quiet_steps=(2, 3))
+    assert graphed.captured_keys == [(2, *CANVAS, CAP)]
+    assert eager.captured_keys == []
+    assert len(messages) == 1
+    assert f"captured the step of key (B, H, W, G) = {(2, *CANVAS, CAP)}" in messages[0]
+    assert graphed.setup_seconds[(2, *CANVAS, CAP)] > 0
+
+
+@pytest.mark.gpu
+def test_two_keys_replayed_in_turn_are_the_eager_steps_on_cuda(quiet_mmengine):
+    """Two shape keys in turn (A, B, A, B, ...: each eager, captured, then
+    replayed between the other's replays, in one shared memory pool) give the
+    logged values and parameters of the same 8 steps run eagerly."""
+    if not torch.cuda.is_available():
+        pytest.fail("GPU test run without CUDA")
+    graphed = tiny_graphed_dino("cuda", log_interval=8, canvas_sizes=[CANVAS, (96, 96)])
+    small, large = batches(4), [
+        demo_mm_inputs(batch_size=2, image_shapes=[(3, 96, 80), (3, 80, 96)],
+                       num_items=[2, 1 + i % 3], num_classes=6) for i in range(4)]
+    data = [batch for pair in zip(small, large) for batch in pair]
+    compare_with_eager(graphed, data, amp=False, lr=1e-4, rtol=1e-4, quiet_steps=(4, 5, 6))
+    assert graphed.captured_keys == [(2, *CANVAS, CAP), (2, 96, 96, CAP)]
+
+
+def compare_with_eager(graphed, data, amp, lr, rtol, quiet_steps=()):
+    """Train ``graphed`` and an eager twin (never captured) on ``data``;
+    assert the same logged values at the last read (the whole interval) and
+    the same parameters; the ``quiet_steps`` of the graphed run wait nowhere
+    on the device.  Returns the twin."""
     eager = copy.deepcopy(graphed)
     eager.warmup_steps = 10 ** 6
     runs = []
     for run, model in enumerate((graphed, eager)):
-        hub = MessageHub.get_instance(f"graphed_dino_replay_{amp}_{run}")
+        hub = MessageHub.get_instance(f"graphed_dino_replay_{len(data)}_{amp}_{run}")
         wrapper = adamw_wrapper(model, amp=amp, lr=lr, fused=True)
-        for i, batch in enumerate(batches(5)):
-            if model is graphed and i in (2, 3):
+        for i, batch in enumerate(data):
+            if model is graphed and i in quiet_steps:
                 torch.cuda.synchronize()
                 torch.cuda.set_sync_debug_mode("error")
             try:
                 last = model.train_step(copy.deepcopy(batch), wrapper)
             finally:
                 torch.cuda.set_sync_debug_mode(0)
-        runs.append({name: [*hub.get_scalar(f"train/{name}").data[0][-4:], value]
+        runs.append({name: [*hub.get_scalar(f"train/{name}").data[0][-(len(data) - 1):], value]
                      for name, value in last.items()})
-    assert graphed.captured_keys == [(2, *CANVAS, CAP)]
-    assert eager.captured_keys == []
-    assert len(messages) == 1
-    assert f"captured the step of key (B, H, W, G) = {(2, *CANVAS, CAP)}" in messages[0]
-    assert graphed.setup_seconds[(2, *CANVAS, CAP)] > 0
     ours, theirs = runs
     assert set(ours) == set(theirs) and {"loss", "grad_norm", "dn_loss_cls"} <= set(ours)
     for name in theirs:
         assert ours[name] == pytest.approx(theirs[name], rel=rtol, abs=1e-5), name
     for p, q in zip(graphed.parameters(), eager.parameters()):
         torch.testing.assert_close(p, q, rtol=rtol, atol=1e-3)
+    return eager
