@@ -27,9 +27,11 @@ def tool_env() -> dict:
                 PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
 
 
-def write_tiny_demo(path: Path, data_root: str, num_train: int, overrides: str = "") -> Path:
-    """The demo config at ``path``: ``num_train`` images in batches of 4,
-    validated and tested on 4, generated under ``data_root`` on first use."""
-    path.write_text(_TINY.format(base=str(DEMO), data_root=data_root, num_train=num_train)
+def write_tiny_demo(path: Path, data_root: str, num_train: int, overrides: str = "",
+                    base: Path = DEMO) -> Path:
+    """The demo config (or another on its data, ``base``) at ``path``:
+    ``num_train`` images in batches of 4, validated and tested on 4,
+    generated under ``data_root`` on first use."""
+    path.write_text(_TINY.format(base=str(base), data_root=data_root, num_train=num_train)
                     + overrides)
     return path
