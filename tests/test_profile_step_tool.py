@@ -24,6 +24,7 @@ KEYS = {"config", "batch_size", "image_size", "precision", "msda_modules", "msda
         "compiled_modules",
         "warmup", "iters",
         "profile_iters", "ms_per_iter", "ms_per_iter_median", "images_per_s", "peak_memory_mib",
+        "peak_reserved_mib",
         "device_ms_per_iter", "msda_ms_per_iter", "msda_share", "device_top", "cpu_ms_per_iter",
         "host_top",
         "sync_sources_per_iter", "sync_sources_method", "sync_iters", "waits_per_iter",
@@ -60,7 +61,8 @@ def test_two_steps_on_cpu_write_the_report(tmp_path):
     # CPU: host time only.
     assert report["device_ms_per_iter"] is report["msda_share"] is None
     assert report["device_top"] == []
-    assert report["peak_memory_mib"] is None and report["cpu_ms_per_iter"] > 0
+    assert report["peak_memory_mib"] is report["peak_reserved_mib"] is None
+    assert report["cpu_ms_per_iter"] > 0
     assert 0 < len(report["host_top"]) <= 15
     assert set(report["sync_points_per_iter"]) == set(SYNC_EVENTS)
     # DINO reads losses and matching costs back to the host every step.
@@ -244,6 +246,7 @@ def test_the_report_lists_the_device_kernels(monkeypatch):
               _event("msda_fwd_kernel", 50, 60, DeviceType.CUDA)]
     report = dict(summarise(events, iters=1), config="c.py", batch_size=2, image_size=[8, 8],
                   precision="fp32", ms_per_iter=1.0, images_per_s=2000.0, peak_memory_mib=1.0,
+                  peak_reserved_mib=2.0,
                   msda_modules={}, msda_kernels={}, compiled_modules=[], warmup=1,
                   profile_iters=1, sync_sources_method="sync debug mode", waits_per_iter=0,
                   sync_iters=1)
@@ -251,3 +254,4 @@ def test_the_report_lists_the_device_kernels(monkeypatch):
     assert "| kernel | calls/iter | ms/iter | share of device-busy |" in text
     assert f"| `{long_name[:87]}...` | 1.0 | 0.03 | 75.0% |" in text
     assert "| `msda_fwd_kernel` | 1.0 | 0.01 | 25.0% |" in text
+    assert "| 1 MiB | 2 MiB |" in text
