@@ -68,3 +68,8 @@ graphed_model = dict(fastest_model, type='GraphedDINO',
 # most 6 shapes an image).
 synthetic_graphed_model = dict(graphed_model, canvas_sizes=[(512, 512)], gt_caps=[6])
 tiny_graphed_model = dict(graphed_model, canvas_sizes=[(128, 128)], gt_caps=[6])
+# Its model wrapper under a distributed launch (mmengine's
+# MMDistributedDataParallel would call the model's loss, eagerly): the step
+# stays the model's, the gradients averaged over the ranks between its
+# graphs.  On one process mmengine wraps nothing and ignores it.
+graphed_data_parallel = dict(type='GraphedDataParallel')

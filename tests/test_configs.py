@@ -11,12 +11,13 @@ import pytest
 from mmengine.config import Config
 from mmengine.registry import init_default_scope
 
+from msda_mm.engine import GraphedDataParallel
 from msda_mm.models import TritonMSDeformAttn
 
 # isort: split
 # After msda_mm, whose mmcv-lite shims make these importable.
 from mmcv.ops import MultiScaleDeformableAttention
-from mmdet.registry import MODELS
+from mmdet.registry import MODEL_WRAPPERS, MODELS
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 # Every config a user runs; "_" files are fragments other configs take pieces from.
@@ -149,6 +150,16 @@ def test_fastest_config_is_sync_free_with_the_compiled_losses_head():
     assert fastest["model"].pop("bbox_head") == losses["model"]["bbox_head"]
     sync_free["model"].pop("bbox_head")
     assert fastest == sync_free
+
+
+def test_graphed_configs_take_the_graphed_wrapper():
+    # Under DDP, mmengine's default wrapper would run GraphedDINO's loss
+    # eagerly instead of its captured step.
+    graphed = [name for name in ALL if _load(name).model.type == "GraphedDINO"]
+    assert len(graphed) == 4
+    for name in graphed:
+        assert _load(name).model_wrapper_cfg == dict(type="GraphedDataParallel"), name
+    assert MODEL_WRAPPERS.get("GraphedDataParallel") is GraphedDataParallel
 
 
 @pytest.mark.parametrize("name", ALL)

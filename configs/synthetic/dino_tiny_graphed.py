@@ -5,6 +5,7 @@ _base_ = './dino_tiny_cpu.py'
 
 model = {{_base_.tiny_graphed_model}}
 optim_wrapper = {{_base_.fast_optim_wrapper}}
+model_wrapper_cfg = {{_base_.graphed_data_parallel}}
 train_dataloader = {{_base_.pinned_loader}}
 custom_hooks = [
     dict(type='SyncBuffersHook'),

@@ -4,6 +4,7 @@ from .checkpoint_allowlist import allow_mmengine_checkpoints
 from .checkpoint_integrity import DamagedCheckpointError, checkpoint_problem
 from .compile_submodules_hook import CompileSubmodulesHook, compile_submodules
 from .fp32_modules import keep_fp32
+from .graphed_data_parallel import GraphedDataParallel
 from .merged_groups_constructor import MergedGroupsOptimWrapperConstructor
 from .num_threads_hook import NumThreadsHook
 from .selective_amp_optim_wrapper import SelectiveAmpOptimWrapper
@@ -12,6 +13,7 @@ from .verified_checkpoint_hook import VerifiedCheckpointHook
 
 allow_mmengine_checkpoints()
 
-__all__ = ["CompileSubmodulesHook", "DamagedCheckpointError", "MergedGroupsOptimWrapperConstructor",
+__all__ = ["CompileSubmodulesHook", "DamagedCheckpointError", "GraphedDataParallel",
+           "MergedGroupsOptimWrapperConstructor",
            "NumThreadsHook", "SelectiveAmpOptimWrapper", "VerifiedCheckpointHook",
            "VerifiedLocalBackend", "checkpoint_problem", "compile_submodules", "keep_fp32"]

@@ -3,14 +3,16 @@
 A DETR training step launches thousands of small kernels, and the host
 spends more time launching them than the GPU spends running them.  Here a
 whole step (forward, losses, backward, gradient clipping, optimizer update)
-is captured once per shape key and replayed by one launch.
+is captured once per shape key and replayed by one launch, or by two where
+the gradients are averaged over processes in between.
 """
 from __future__ import annotations
 
 import time
 from collections import Counter
 from contextlib import contextmanager
-from typing import Callable, Dict, Hashable, Iterator, List, Optional, Protocol
+from dataclasses import dataclass
+from typing import Callable, Dict, Hashable, Iterator, List, Optional, Protocol, Tuple
 
 import torch
 from torch import Tensor
@@ -63,37 +65,65 @@ def tensor_lrs(optimizer: torch.optim.Optimizer, lrs: List[Tensor]) -> Iterator[
             group["lr"] = value
 
 
+@dataclass
+class CapturedStep:
+    """The graphs of one shape key, replayed in order: one (the whole step),
+    or (backward, update) with the gradients' reduction between them.
+
+    Attributes:
+        inputs: the batch the graphs read, filled in place before a replay.
+        parts: each graph and the log vector it writes.
+        grads: the gradients the backward graph writes (the same storage at
+            every replay), which the reduction averages in place.
+    """
+
+    inputs: StaticBatch
+    parts: List[Tuple[torch.cuda.CUDAGraph, Tensor]]
+    grads: List[Tensor]
+
+
 class CapturedSteps:
-    """Runs ``step(batch) -> Tensor`` (a whole training step, returning a
-    1-D float log vector) on batches of a few shape keys.
+    """Runs a training step on batches of a few shape keys: ``backward(batch)
+    -> Tensor`` (forward, losses, backward; a 1-D float log vector), then
+    ``reduce(grads)`` where given (the gradients averaged over processes, in
+    place), then ``update() -> Tensor`` (clipping and optimizer step; a 1-D
+    float log vector, maybe empty).  A step returns the two log vectors
+    concatenated.
 
     The first ``warmup`` batches of a key run eagerly (on a side stream on
     CUDA, as capture needs: lazy initialisations, compilation, optimizer
-    state); the next one is captured into a CUDA graph whose inputs are
-    that batch's tensors, then replayed; later batches of the key are
-    copied into those inputs and replayed.  All graphs share one memory
-    pool.  Where ``capture`` is False (a batch outside the buckets, or not
-    on CUDA), the step runs eagerly.
+    state); the next one is captured, then replayed; later batches of the
+    key are copied into the captured batch's tensors and replayed.  Without
+    ``reduce`` the whole step is one CUDA graph; with it, backward and update
+    are two, and ``reduce`` runs eagerly between their replays on the
+    gradients the first writes, which are the same tensors at every replay
+    (an eager collective is watched by its process group, which times it
+    out when a rank stops; a captured one is not).  All graphs share one
+    memory pool.  Where ``capture`` is False (a batch outside the buckets,
+    or not on CUDA), the step runs eagerly.
 
     The optimizer is made capturable (on CUDA); its learning rates enter the
     graphs as tensors filled from the groups' floats before each replay, so
-    that parameter schedulers keep working.  The log vector of a replay lives in
-    the graph's memory until the next replay: read it before.
+    that parameter schedulers keep working.  Without ``reduce`` the log
+    vector of a replay lives in the graph's memory until the next replay:
+    read it before.
 
     ``setup_seconds[key]`` is the host time a captured key's first steps
     took (its eager steps, compilation included, and the capture), the
     capture's replay waited for: what a new shape costs once.
     """
 
-    def __init__(self, step: Callable[[StaticBatch], Tensor],
-                 optimizer: torch.optim.Optimizer, warmup: int = 1) -> None:
+    def __init__(self, backward: Callable[[StaticBatch], Tensor], update: Callable[[], Tensor],
+                 optimizer: torch.optim.Optimizer, warmup: int = 1,
+                 reduce: Optional[Callable[[List[Tensor]], None]] = None) -> None:
         check_warmup("warmup", warmup)
         check_capturable(optimizer)
         for group in optimizer.param_groups:
             # Before the first update, whose state (the step counts) it places.
             group["capturable"] = all(p.is_cuda for p in group["params"])
-        self.step, self.optimizer, self.warmup = step, optimizer, warmup
-        self._graphs: Dict[Hashable, tuple] = {}
+        self.backward, self.update, self.reduce = backward, update, reduce
+        self.optimizer, self.warmup = optimizer, warmup
+        self._graphs: Dict[Hashable, CapturedStep] = {}
         self._seen: Counter = Counter()
         self._pool = None
         self._lrs: Optional[List[Tensor]] = None
@@ -107,11 +137,9 @@ class CapturedSteps:
     def __call__(self, batch: StaticBatch, capture: bool) -> Tensor:
         key = batch.key
         if key in self._graphs:
-            graph, inputs, log = self._graphs[key]
-            inputs.copy_(batch)
-            self._fill_lrs()
-            graph.replay()
-            return log
+            captured = self._graphs[key]
+            captured.inputs.copy_(batch)
+            return self._replay(captured)
         if not capture:
             return self._eager(batch, side_stream=False)
         start = time.perf_counter()
@@ -124,14 +152,26 @@ class CapturedSteps:
         self.setup_seconds[key] = self.setup_seconds.get(key, 0.0) + time.perf_counter() - start
         return log
 
+    def grads(self) -> List[Tensor]:
+        """The optimizer's parameters' gradients, in its groups' order (the
+        same on every rank), those without one left out."""
+        return [p.grad for group in self.optimizer.param_groups for p in group["params"]
+                if p.grad is not None]
+
+    def _step(self, batch: StaticBatch) -> Tensor:
+        log = self.backward(batch)
+        if self.reduce is not None:
+            self.reduce(self.grads())
+        return torch.cat([log, self.update()])
+
     def _eager(self, batch: StaticBatch, side_stream: bool) -> Tensor:
         self.optimizer.zero_grad(set_to_none=True)
         if not side_stream:
-            return self.step(batch)
+            return self._step(batch)
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
-            log = self.step(batch)
+            log = self._step(batch)
         torch.cuda.current_stream().wait_stream(stream)
         return log
 
@@ -144,16 +184,39 @@ class CapturedSteps:
         # The graph's backward allocates the gradients it writes (no sum
         # into old ones): each replay writes them afresh.
         self.optimizer.zero_grad(set_to_none=True)
+        with tensor_lrs(self.optimizer, self._lrs):
+            if self.reduce is None:
+                parts = [self._graph(lambda: self._step(batch))]
+                grads = []
+            else:
+                parts = [self._graph(lambda: self.backward(batch))]
+                # Held here: the pool keeps their memory for this key's graphs.
+                grads = self.grads()
+                parts.append(self._graph(self.update))
+        captured = CapturedStep(inputs=batch, parts=parts, grads=grads)
+        self._graphs[batch.key] = captured
+        return self._replay(captured)  # capturing ran nothing: this batch's step
+
+    def _graph(self, run: Callable[[], Tensor]) -> Tuple[torch.cuda.CUDAGraph, Tensor]:
+        """``run`` captured into a graph of the shared pool, and its output."""
         graph = torch.cuda.CUDAGraph()
         # thread_local: a DataLoader's pinning thread may call CUDA meanwhile.
-        with tensor_lrs(self.optimizer, self._lrs), torch.cuda.graph(
-                graph, pool=self._pool, capture_error_mode="thread_local"):
-            log = self.step(batch)
+        with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
+            log = run()
         if self._pool is None:
             self._pool = graph.pool()
-        self._graphs[batch.key] = (graph, batch, log)
-        graph.replay()  # capturing ran nothing: this batch's step
-        return log
+        return graph, log
+
+    def _replay(self, captured: CapturedStep) -> Tensor:
+        self._fill_lrs()
+        graph, log = captured.parts[0]
+        graph.replay()
+        if len(captured.parts) == 1:
+            return log
+        self.reduce(captured.grads)
+        graph, update_log = captured.parts[1]
+        graph.replay()
+        return torch.cat([log, update_log])
 
     def _fill_lrs(self) -> None:
         for group, lr in zip(self.optimizer.param_groups, self._lrs):

@@ -84,6 +84,13 @@ def test_logs_every_interval_what_the_step_computed(reference_backend, quiet_mme
         torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
 
 
+def test_without_clipping_it_logs_the_losses_only(reference_backend, quiet_mmengine):
+    model = tiny_graphed_dino(log_interval=1)
+    wrapper = OptimWrapper(optimizer=torch.optim.AdamW(model.parameters(), lr=1e-4))
+    logged = model.train_step(copy.deepcopy(batches(1)[0]), wrapper)
+    assert "grad_norm" not in logged and {"loss", "dn_loss_iou"} <= set(logged)
+
+
 def test_refuses_what_it_cannot_capture(quiet_mmengine):
     model = tiny_graphed_dino()
     data = batches(1)[0]

@@ -10,10 +10,12 @@ and replayed (``msda_mm.engine.captured_steps``).
 from __future__ import annotations
 
 import logging
+import warnings
 from contextlib import nullcontext
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
+import torch.distributed as dist
 from mmengine.logging import MessageHub, print_log
 from mmengine.optim import AmpOptimWrapper, OptimWrapper
 from torch import Tensor
@@ -27,6 +29,9 @@ from ...engine.captured_steps import CapturedSteps, check_warmup
 from .detector import SyncFreeDINO
 from .head import BatchedMatchingDINOHead
 from .padded_batch import PaddedBatch, bucket, pad_batch
+
+# Averages gradients over the processes in place (GradientAllReduce).
+GradReducer = Callable[[List[Tensor]], None]
 
 
 class StepLogs:
@@ -73,7 +78,11 @@ class GraphedDINO(SyncFreeDINO):
     The optimizer wrapper must be mmengine's OptimWrapper (fp32) or
     AmpOptimWrapper with dtype bfloat16 (fp16 would need loss scaling),
     without gradient accumulation, around torch's Adam or AdamW; the bbox
-    head a BatchedMatchingDINOHead.
+    head a BatchedMatchingDINOHead.  In a distributed run the model is
+    wrapped by ``GraphedDataParallel`` (``model_wrapper_cfg``), which gives
+    ``train_step`` the gradients' all-reduce; mmengine's
+    MMDistributedDataParallel would call ``loss`` instead, eagerly (a
+    warning says so).
 
     Args:
         canvas_sizes: the (H, W) canvases a batch is padded to.
@@ -103,9 +112,12 @@ class GraphedDINO(SyncFreeDINO):
         self._logs = StepLogs(log_interval)
         self._steps: Optional[CapturedSteps] = None
         self._wrapper: Optional[OptimWrapper] = None
-        self._log_names: Optional[List[str]] = None
+        self._reducer: Optional[GradReducer] = None
+        self._loss_names: List[str] = []
+        self._update_names: List[str] = []
         self._eager_shapes: set = set()
         self._reported: set = set()
+        self._warned_eager_loss = False
 
     @property
     def captured_keys(self) -> List[tuple]:
@@ -118,11 +130,14 @@ class GraphedDINO(SyncFreeDINO):
         compilation and capture)."""
         return {} if self._steps is None else dict(self._steps.setup_seconds)
 
-    def train_step(self, data, optim_wrapper: OptimWrapper) -> Dict[str, float]:
+    def train_step(self, data, optim_wrapper: OptimWrapper,
+                   grad_reducer: Optional[GradReducer] = None) -> Dict[str, float]:
         """One training step on ``data`` (a batch from the dataloader): the
         losses and the gradient norm every ``log_interval`` steps, an empty
-        dict in between."""
-        steps = self._captured_steps(optim_wrapper)
+        dict in between.  ``grad_reducer`` (GraphedDataParallel's) averages
+        the gradients over the processes in place, after backward and
+        before clipping; the same one at every step."""
+        steps = self._captured_steps(optim_wrapper, grad_reducer)
         data = self.data_preprocessor(data, True)
         inputs, samples = data["inputs"], data["data_samples"]
         height, width = inputs.shape[-2:]
@@ -143,7 +158,7 @@ class GraphedDINO(SyncFreeDINO):
         values = steps(batch, captured)  # names its values at its first run
         if captured and batch.key in steps.keys and batch.key not in self._reported:
             self._report_capture(steps, batch.key)
-        return self._logs.record(self._log_names, values)
+        return self._logs.record(self._loss_names + self._update_names, values)
 
     def _report_capture(self, steps: CapturedSteps, key: tuple) -> None:
         self._reported.add(key)
@@ -154,20 +169,37 @@ class GraphedDINO(SyncFreeDINO):
                   f"{steps.setup_seconds[key]:.1f} s; {len(steps.keys)} keys captured, "
                   f"{gib:.2f} GiB reserved by PyTorch's allocator", logger="current")
 
-    def _captured_steps(self, optim_wrapper: OptimWrapper) -> CapturedSteps:
+    def loss(self, batch_inputs: Tensor, batch_data_samples) -> Dict[str, Tensor]:
+        """``SyncFreeDINO.loss``, eager.  In a distributed run only
+        mmengine's MMDistributedDataParallel calls it in training, in place
+        of ``train_step``: a warning (once) names the wrapper to set."""
+        if not self._warned_eager_loss and dist.is_available() and dist.is_initialized():
+            self._warned_eager_loss = True
+            warnings.warn("GraphedDINO.loss runs in a distributed run, as mmengine's "
+                          "MMDistributedDataParallel calls it: the training step runs "
+                          "eagerly, not from CUDA graphs; set model_wrapper_cfg="
+                          "dict(type='GraphedDataParallel') in the config", stacklevel=2)
+        return super().loss(batch_inputs, batch_data_samples)
+
+    def _captured_steps(self, optim_wrapper: OptimWrapper,
+                        grad_reducer: Optional[GradReducer]) -> CapturedSteps:
         if self._steps is None:
             check_wrapper(optim_wrapper)
-            self._wrapper = optim_wrapper
-            self._steps = CapturedSteps(self._step, optim_wrapper.optimizer,
-                                        warmup=self.warmup_steps)
+            self._wrapper, self._reducer = optim_wrapper, grad_reducer
+            self._steps = CapturedSteps(self._backward, self._update, optim_wrapper.optimizer,
+                                        warmup=self.warmup_steps, reduce=grad_reducer)
         elif optim_wrapper is not self._wrapper:
             raise ValueError("GraphedDINO.train_step was given another optim_wrapper than "
                              "at its first step (its graphs update that one's optimizer)")
+        elif grad_reducer is not self._reducer:
+            raise ValueError("GraphedDINO.train_step was given another grad_reducer than at "
+                             "its first step (its steps call that one between backward and "
+                             "update)")
         return self._steps
 
-    def _step(self, batch: PaddedBatch) -> Tensor:
-        """Forward, losses, backward, clipping and update on ``batch``; the
-        logged values as one float32 vector."""
+    def _backward(self, batch: PaddedBatch) -> Tensor:
+        """Forward, losses and backward on ``batch``; the losses as one
+        float32 vector."""
         wrapper = self._wrapper
         dtype = getattr(wrapper, "cast_dtype", None)
         autocast = (nullcontext() if dtype is None else
@@ -176,18 +208,24 @@ class GraphedDINO(SyncFreeDINO):
             losses = self.padded_loss(batch)
         loss, log_vars = self.parse_losses(losses)
         loss.backward()
-        values = [value.detach().float().reshape(()) for value in log_vars.values()]
-        names = list(log_vars)
+        self._loss_names = list(log_vars)
+        return torch.stack([value.detach().float().reshape(()) for value in log_vars.values()])
+
+    def _update(self) -> Tensor:
+        """Clipping and the optimizer's update; the gradient norm as a
+        float32 vector (empty without one)."""
+        wrapper = self._wrapper
+        params = [p for group in wrapper.optimizer.param_groups for p in group["params"]
+                  if p.requires_grad and p.grad is not None]
+        norm = None
         if wrapper.clip_grad_kwargs:
-            params = [p for group in wrapper.optimizer.param_groups for p in group["params"]
-                      if p.requires_grad and p.grad is not None]
-            norm = wrapper.clip_func(params, **wrapper.clip_grad_kwargs)
-            if norm is not None:  # clip_grad_value_ returns none
-                values.append(norm.float().reshape(()))
-                names.append(wrapper.grad_name)
+            norm = wrapper.clip_func(params, **wrapper.clip_grad_kwargs)  # clip_grad_value_: None
         wrapper.optimizer.step()
-        self._log_names = names
-        return torch.stack(values)
+        if norm is None:
+            self._update_names = []
+            return params[0].new_zeros(0, dtype=torch.float32)
+        self._update_names = [wrapper.grad_name]  # an attribute only with clip_grad
+        return norm.float().reshape(1)
 
 
 def check_wrapper(optim_wrapper) -> None:

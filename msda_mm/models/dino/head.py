@@ -199,7 +199,11 @@ class BatchedMatchingDINOHead(DINOHead):
         """``_losses`` of (B, Q, ...) outputs and their padded targets, by the
         sync-free losses (compiled with ``compile_losses``), the normalisers
         kept on the device: mmdet's computation on the same numbers, with no
-        host read."""
+        host read.  In a distributed run the normalisers' ``reduce_mean``
+        all-reduces (1,) tensors; in a captured step, on NCCL, that
+        collective is captured and replayed with the backward graph, the
+        same number of them at every step of every rank whatever its batch's
+        shape, so that the ranks' collectives pair up."""
         labels, label_weights, bbox_targets, bbox_weights, num_pos, num_neg = targets
         losses = self.sync_free_losses()
         # Weighted as in the official DETR repo.

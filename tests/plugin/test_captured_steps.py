@@ -1,0 +1,119 @@
+"""CapturedSteps with a gradient reduction: it runs between backward and
+update on the optimizer's gradients (CPU, eagerly), and on CUDA between
+the two graphs' replays on the gradients the backward graph writes, the
+same steps as run eagerly (GPU test)."""
+from dataclasses import dataclass
+from typing import List
+
+import pytest
+import torch
+from torch import Tensor, nn
+
+from msda_mm.engine.captured_steps import CapturedSteps
+
+
+@dataclass
+class ToyBatch:
+    inputs: Tensor
+    targets: Tensor
+
+    @property
+    def key(self):
+        return tuple(self.inputs.shape)
+
+    def copy_(self, other: "ToyBatch") -> "ToyBatch":
+        self.inputs.copy_(other.inputs)
+        self.targets.copy_(other.targets)
+        return self
+
+
+class ToyStep:
+    """A linear regression's training step split as CapturedSteps takes it:
+    backward logs the loss, update the clipped gradient norm; ``events``
+    records the order of the parts."""
+
+    def __init__(self, device: str) -> None:
+        torch.manual_seed(0)
+        self.model = nn.Linear(4, 3).to(device)
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=0.1)
+        self.events: List[str] = []
+
+    def backward(self, batch: ToyBatch) -> Tensor:
+        self.events.append("backward")
+        loss = (self.model(batch.inputs) - batch.targets).square().mean()
+        loss.backward()
+        return loss.detach().reshape(1)
+
+    def update(self) -> Tensor:
+        self.events.append("update")
+        norm = nn.utils.clip_grad_norm_(self.model.parameters(), max_norm=1.0)
+        self.optimizer.step()
+        return norm.reshape(1)
+
+
+def negate(grads: List[Tensor]) -> None:
+    """A reduction that changes every gradient (its sign, which Adam's
+    update follows where it ignores a scale), so that the tensors it acts
+    on show in the parameters."""
+    for grad in grads:
+        grad.neg_()
+
+
+def toy_batches(device: str, sizes) -> List[ToyBatch]:
+    generator = torch.Generator().manual_seed(1)
+    return [ToyBatch(torch.randn(n, 4, generator=generator).to(device),
+                     torch.randn(n, 3, generator=generator).to(device)) for n in sizes]
+
+
+def test_the_reduction_runs_between_backward_and_update_on_the_gradients():
+    toy = ToyStep("cpu")
+    seen = []
+
+    def reduce(grads):
+        toy.events.append("reduce")
+        seen.append(grads)
+        negate(grads)
+
+    steps = CapturedSteps(toy.backward, toy.update, toy.optimizer, reduce=reduce)
+    twin = ToyStep("cpu")
+    (batch,) = toy_batches("cpu", [5])
+    log = steps(batch, capture=False)
+    assert toy.events == ["backward", "reduce", "update"]
+    assert [g is p.grad for g, p in zip(seen[0], toy.model.parameters())] == [True, True]
+    # The same step by hand: the gradients negated before clipping and the update.
+    loss = twin.backward(batch)
+    negate([p.grad for p in twin.model.parameters()])
+    torch.testing.assert_close(log, torch.cat([loss, twin.update()]), rtol=0, atol=0)
+    for p, q in zip(toy.model.parameters(), twin.model.parameters()):
+        torch.testing.assert_close(p, q, rtol=0, atol=0)
+
+
+def test_without_a_reduction_nothing_runs_in_between():
+    toy = ToyStep("cpu")
+    steps = CapturedSteps(toy.backward, toy.update, toy.optimizer)
+    log = steps(toy_batches("cpu", [5])[0], capture=False)
+    assert toy.events == ["backward", "update"] and log.shape == (2,)
+
+
+@pytest.mark.gpu
+def test_replays_reduce_the_gradients_their_backward_graph_writes():
+    """Two keys, each captured after one eager step, then replayed in turn:
+    another key's eager step and capture replace the parameters' .grad in
+    between, and each replay still reduces its own backward graph's
+    gradients, as the eager steps do."""
+    if not torch.cuda.is_available():
+        pytest.fail("GPU test run without CUDA")
+    order = [2, 2, 3, 3, 2, 3, 2]
+    runs = []
+    for capture in (True, False):
+        toy = ToyStep("cuda")
+        steps = CapturedSteps(toy.backward, toy.update, toy.optimizer, reduce=negate)
+        logs = [steps(batch, capture=capture).clone()
+                for batch in toy_batches("cuda", order)]
+        runs.append((torch.stack(logs), [p.detach().clone() for p in toy.model.parameters()],
+                     steps.keys))
+    (logs, params, keys), (eager_logs, eager_params, eager_keys) = runs
+    assert keys == [(2, 4), (3, 4)] and eager_keys == []
+    torch.testing.assert_close(logs, eager_logs, rtol=1e-5, atol=1e-6)
+    for p, q in zip(params, eager_params):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
