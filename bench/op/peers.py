@@ -43,12 +43,12 @@ class Peer:
 
 
 PEERS = {peer.impl: peer for peer in (
-    # The function's name in deformops' public source (2.0); its default
-    # im2col_step.
-    Peer(impl="deformops", module="deformops", function="deform2d_multiscale",
+    # deformops 3's public op (the wheel of 3.0.1 read for its name): its
+    # registry's ``msda``, which picks the backend per call.
+    Peer(impl="deformops", module="deformops.registry", function="msda",
          install="pip install deformops",
-         kernel="on the kernel deformops picks for the call (eager, CUDA or Triton, by "
-                "device, GPU architecture and training precision)"),
+         kernel="on the backend deformops picks for the call (Triton on CUDA, then its CUDA "
+                "library; eager on CPU), fp32 accumulation for 16-bit training before SM 9.0"),
     # The Triton op msda_mm started from; its fp32_grad_accum left to its
     # automatic choice.
     Peer(impl="msda_triton", module="msda_triton", function="multi_scale_deformable_attention",
@@ -65,8 +65,9 @@ def peer_unavailable(peer: Peer, device: torch.device) -> Optional[str]:
     try:
         importlib.import_module(peer.module)
     except ModuleNotFoundError as error:
-        if error.name == peer.module:
-            return f"{peer.module} is not installed: {peer.install}"
+        package = peer.module.partition(".")[0]
+        if error.name in (peer.module, package):
+            return f"{package} is not installed: {peer.install}"
         return f"{peer.module} does not import ({error}): {peer.install}"
     except (ImportError, OSError) as error:  # a build for another torch, a missing library
         return f"{peer.module} does not import ({type(error).__name__}: {error}): {peer.install}"
