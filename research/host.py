@@ -17,6 +17,9 @@ where nothing is asynchronous, the wall time).
 from __future__ import annotations
 
 import contextlib
+import cProfile
+import io
+import pstats
 from typing import Callable
 from unittest import mock
 
@@ -58,7 +61,7 @@ class _TimesTwo(torch.autograd.Function):
         return grad * 2
 
 
-class _NoLaunch:
+class NoLaunch:
     """Stands in for a Triton kernel: ``kernel[grid](*args, **meta)`` does nothing."""
 
     def __getitem__(self, grid):
@@ -78,7 +81,7 @@ def _kernels_replaced(replacement: Callable[[FastLaunch], object]):
 def no_launches():
     """Inside this block the launchers' kernels launch nothing (outputs stay
     uninitialised): what the launchers cost without Triton's launch."""
-    return _kernels_replaced(lambda kernel: _NoLaunch())
+    return _kernels_replaced(lambda kernel: NoLaunch())
 
 
 def ordinary_launches():
@@ -157,3 +160,16 @@ def host_breakdown(inputs: MSDAInputs, calls: dict[str, Callable[[], object]],
         times["floor, backward in Python"] = autograd_floor_us(device, budget_ms,
                                                                _TimesTwo.apply)
     return times
+
+
+def profile(fn: Callable[[], object], calls: int, top: int) -> str:
+    """pstats text of ``calls`` calls of ``fn``, by own time."""
+    fn()  # compiled and allocated before the profile
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(calls):
+        fn()
+    profiler.disable()
+    text = io.StringIO()
+    pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(top)
+    return text.getvalue()

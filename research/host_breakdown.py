@@ -16,9 +16,6 @@ and CUDA runs the backward on autograd's own).  Writes
 from __future__ import annotations
 
 import argparse
-import cProfile
-import io
-import pstats
 import sys
 from pathlib import Path
 
@@ -32,7 +29,7 @@ from bench.op.presets import PRESETS  # noqa: E402
 from bench.op.report import write_results  # noqa: E402
 from bench.op.run import DTYPES, preset_inputs  # noqa: E402
 from msda_mm.ops.runtime import interpreter_enabled  # noqa: E402
-from research.host import host_breakdown, pieces  # noqa: E402
+from research.host import host_breakdown, pieces, profile  # noqa: E402
 
 _PROFILED = ("launch_forward", "launch_backward")
 
@@ -59,19 +56,6 @@ def parse_args(argv=None) -> argparse.Namespace:
         parser.error("--device cpu needs TRITON_INTERPRET=1 (the kernels in Triton's "
                      "interpreter)")
     return args
-
-
-def profile(fn, calls: int, top: int) -> str:
-    """pstats text of ``calls`` calls of ``fn``, by own time."""
-    fn()  # compiled and allocated before the profile
-    profiler = cProfile.Profile()
-    profiler.enable()
-    for _ in range(calls):
-        fn()
-    profiler.disable()
-    text = io.StringIO()
-    pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(top)
-    return text.getvalue()
 
 
 def torch_profile(fn, calls: int, top: int, device: torch.device) -> list[dict]:

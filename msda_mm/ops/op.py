@@ -25,8 +25,9 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from .backward.launcher import launch_backward, plan_backward, run_backward
-from .forward.launcher import launch_forward
+from .backward.launcher import launch_backward, run_backward
+from .eager_plans import EagerPlans
+from .forward.launcher import launch_forward, run_forward
 from .reference import msda_reference, point_softmax
 from .runtime import interpreter_enabled
 from .tiles import TUNED, Tiles, current_tiles
@@ -70,7 +71,8 @@ def resolve_fp32_grad_accum(value: Tensor, fp32_grad_accum: Optional[bool]) -> b
 
 def _is_empty(value: Tensor, sampling_locations: Tensor) -> bool:
     # No output element (B, Q, M or D is 0): nothing to launch or sample.
-    return value.shape[3] == 0 or sampling_locations.shape[:3].numel() == 0
+    B, Q, M = sampling_locations.shape[:3]
+    return value.shape[3] == 0 or B * Q * M == 0
 
 
 def resolve_deterministic(deterministic: Optional[bool]) -> bool:
@@ -213,17 +215,24 @@ def _backward(ctx, grad_output):
 msda_forward.register_autograd(_backward, setup_context=_setup_context)
 
 
+# The eager op's plans (eager_plans.py).
+_PLANS = EagerPlans()
+
+
 class EagerMSDA(torch.autograd.Function):
     """The same two launches as the custom ops, for eager mode.
 
     Why a second entry point: the custom-op wrappers alone cost about 4x the
     host time of an autograd.Function a forward (docs/design.md).  The
     backward's Python runs about 2x slower on autograd's device thread than
-    on the calling thread, so the forward makes the backward's launch plan
-    (backward/launcher.py's plan_backward) and the backward only allocates
-    and launches.  The forward also resolves the tile policy
+    on the calling thread, so the forward looks up the backward's launch plan
+    (backward/launcher.py's plan_backward) with its own, both made once per
+    call signature (eager_plans.py), and the backward only allocates and
+    launches.  The forward also resolves the tile policy
     (tiles.current_tiles) on the calling thread and carries it to the
-    backward.  torch.compile sees only the custom ops.
+    backward.  Only multi_scale_deformable_attention calls it, after its
+    checks of the device and the levels.  torch.compile sees only the
+    custom ops.
     """
 
     @staticmethod
@@ -232,15 +241,17 @@ class EagerMSDA(torch.autograd.Function):
         _setup_context(ctx, (value, spatial_shapes, sampling_locations,
                              attention_weights, fp32_grad_accum, deterministic, softmax), None)
         ctx.tiles = tiles = current_tiles()
-        out = _forward_impl(value, spatial_shapes, sampling_locations,
-                            attention_weights, softmax, tiles)
+        if _is_empty(value, sampling_locations):
+            ctx.plan = None
+            return _forward_impl(value, spatial_shapes, sampling_locations,
+                                 attention_weights, softmax, tiles)
         # Planned for the float-atomic backward only; the backward checks the mode again.
         atomic = not resolve_deterministic(deterministic)
-        ctx.plan = plan_backward(
-            value, sampling_locations, attention_weights,
-            resolve_fp32_grad_accum(value, fp32_grad_accum), softmax=softmax, tiles=tiles
-        ) if atomic and not _is_empty(value, sampling_locations) else None
-        return out
+        plan = _PLANS.get(value, sampling_locations, attention_weights, softmax, tiles,
+                          resolve_fp32_grad_accum(value, fp32_grad_accum) if atomic else None)
+        ctx.plan = plan.backward
+        return run_forward(plan.forward, value, spatial_shapes, sampling_locations,
+                           attention_weights)
 
     @staticmethod
     @torch.autograd.function.once_differentiable

@@ -23,6 +23,16 @@ def next_pow2(n: int) -> int:
     return 1 << (n - 1).bit_length()
 
 
+def contiguous_strides(shape) -> tuple[int, ...]:
+    """The strides PyTorch gives a new contiguous tensor of ``shape`` (a
+    dimension of size 0 counts as 1)."""
+    strides, step = [], 1
+    for size in reversed(shape):
+        strides.append(step)
+        step *= max(size, 1)
+    return tuple(reversed(strides))
+
+
 def acc_dtype(*tensors: torch.Tensor):
     # fp32 registers for fp32/fp16/bf16; fp64 only when asked for (gradcheck).
     return tl.float64 if any(t.dtype == torch.float64 for t in tensors) else tl.float32
@@ -43,13 +53,18 @@ def half_words(t: torch.Tensor) -> bool:
     return t.element_size() == 2 and channel_pairs(t)
 
 
+# device_guard's block where the device is current already (a nullcontext
+# holds no state: one serves every launch).
+_NO_GUARD = contextlib.nullcontext()
+
+
 def device_guard(t: torch.Tensor):
     # Launch on the tensors' device, not the current one (cuda:1 inputs
     # while cuda:0 is current must work).  Entering torch.cuda.device costs
     # host time, so only when it changes anything.
     if t.is_cuda and t.device.index != torch.cuda.current_device():
         return torch.cuda.device(t.device)
-    return contextlib.nullcontext()
+    return _NO_GUARD
 
 
 # CUDA's limit on a grid's second and third dimensions (heads M and batch B).

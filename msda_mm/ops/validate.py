@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+_INTS = (torch.int32, torch.int64)
 
 
 def _check_float(name: str, t) -> None:
@@ -26,8 +27,33 @@ def _check_float(name: str, t) -> None:
 def _check_int(name: str, t) -> None:
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be an integer torch.Tensor, got {type(t).__name__}")
-    if t.dtype not in (torch.int32, torch.int64):
+    if t.dtype not in _INTS:
         raise TypeError(f"{name} must be an int32 or int64 tensor, got {t.dtype}")
+
+
+def _valid(value, spatial_shapes, level_start_index, sampling_locations,
+           attention_weights) -> bool:
+    """Whether check_inputs' checks all pass, asked in one expression: the
+    calls of a model take this path alone (a third of the checks' host time),
+    and only a call that fails one takes the checks that say which."""
+    tensor = torch.Tensor
+    if not (isinstance(value, tensor) and isinstance(sampling_locations, tensor)
+            and isinstance(attention_weights, tensor) and isinstance(spatial_shapes, tensor)
+            and (level_start_index is None or isinstance(level_start_index, tensor))):
+        return False
+    shape = sampling_locations.shape
+    device = value.device
+    return (value.dtype in _FLOATS and sampling_locations.dtype in _FLOATS
+            and attention_weights.dtype in _FLOATS and spatial_shapes.dtype in _INTS
+            and (level_start_index is None or level_start_index.dtype in _INTS)
+            and value.dim() == 4 and len(shape) == 6 and shape[5] == 2
+            and shape[0] == value.shape[0] and shape[2] == value.shape[2]
+            and attention_weights.shape == shape[:5] and spatial_shapes.shape == (shape[3], 2)
+            and (level_start_index is None or level_start_index.shape == (shape[3],))
+            and shape[3] != 0 and shape[4] != 0
+            and spatial_shapes.device == device and sampling_locations.device == device
+            and attention_weights.device == device
+            and (level_start_index is None or level_start_index.device == device))
 
 
 def check_inputs(value, spatial_shapes, level_start_index, sampling_locations,
@@ -38,6 +64,8 @@ def check_inputs(value, spatial_shapes, level_start_index, sampling_locations,
     or None; sampling_locations (B, Q, M, L, K, 2); attention_weights
     (B, Q, M, L, K).
     """
+    if _valid(value, spatial_shapes, level_start_index, sampling_locations, attention_weights):
+        return
     _check_float("value", value)
     _check_float("sampling_locations", sampling_locations)
     _check_float("attention_weights", attention_weights)

@@ -32,9 +32,9 @@ def test_no_launches_skips_the_kernels_and_restores_them():
                                  inputs.sampling_locations,
                                  inputs.attention_weights)
         assert torch.isnan(fwd).all()
-        empty = torch.empty
-        with mock.patch.object(torch, "empty", lambda *size, **kw: empty(*size, **kw).fill_(
-                float("nan"))):
+        empty_like = torch.empty_like
+        with mock.patch.object(torch, "empty_like", lambda *args, **kw: empty_like(
+                *args, **kw).fill_(float("nan"))):
             out = launch_backward(inputs.grad_output, inputs.value, inputs.spatial_shapes,
                                   inputs.sampling_locations,
                                   inputs.attention_weights, False)

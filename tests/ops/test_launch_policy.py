@@ -159,3 +159,45 @@ def test_deterministic_backward_takes_a_tile_of_its_own(dtype, block_p):
     assert tile(2, 22223, deterministic=False) == (1, 1, 8 if dtype == torch.float32 else 16)
     other = Tiles(bwd=(2, 2, 4))
     assert tile(4, 900, tiles=other) == tile(2, 22223, tiles=other) == (2, 2, 4)
+
+
+@pytest.mark.parametrize("shape", [(2, 3, 4), (1, 5, 1, 2), (3, 0, 2), (0, 4), (7,), ()])
+def test_contiguous_strides_are_pytorchs(shape):
+    assert runtime.contiguous_strides(shape) == torch.empty(shape).stride()
+
+
+class _Launched(Exception):
+    """msda_bwd_kernel's launch, by parameter name, in place of running it."""
+
+    def __init__(self, names, args):
+        super().__init__()
+        self.named = dict(zip(names, args))
+
+
+@pytest.mark.parametrize("deterministic, softmax", [(False, False), (False, True),
+                                                    (True, False)])
+def test_backward_passes_the_strides_of_the_gradients_it_allocates(monkeypatch, deterministic,
+                                                                   softmax):
+    # The plan holds them (the gradients are contiguous whatever the inputs' layout):
+    # each must be the allocated tensor's own.
+    names = backward_launcher.msda_bwd_kernel.fn.arg_names
+
+    def launch(*args, **kwargs):
+        raise _Launched(names, args)
+    monkeypatch.setattr(backward_launcher, "msda_bwd_kernel",
+                        type("Stop", (), {"__getitem__": lambda self, grid: launch})())
+    B, S, Q, M, L, K, D = 2, 5, 3, 2, 2, 2, 4
+    loc = torch.rand(B, M, Q, L, K, 2).transpose(1, 2)
+    attn = torch.rand(B, Q, L, K, M, dtype=torch.float64).permute(0, 1, 4, 2, 3)
+    with pytest.raises(_Launched) as launched:
+        launch_backward(torch.rand(B, Q, M * D), torch.rand(B, S, M, D),
+                        torch.tensor([[1, 3], [1, 2]]), loc, attn, True, deterministic, softmax)
+    args = launched.value.named
+    gv = args["grad_value_ptr"]
+    assert (gv is None) is deterministic
+    assert tuple(args[f"stride_gv{d}"] for d in "bsm") == (
+        (0, 0, 0) if deterministic else gv.stride()[:3])
+    assert tuple(args[f"stride_gl{d}"] for d in "bqmlkc") == args["grad_loc_ptr"].stride() == (
+        torch.empty(loc.shape).stride())
+    assert tuple(args[f"stride_ga{d}"] for d in "bqmlk") == args["grad_attn_ptr"].stride() == (
+        torch.empty(attn.shape).stride())

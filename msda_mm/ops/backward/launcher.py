@@ -30,6 +30,9 @@ class BackwardPlan(NamedTuple):
     gather: dict | None  # the deterministic backward's grad_value_gather_kernel tile
     g_dtype: torch.dtype  # the weights' gradient as the kernel stores it
     strides: tuple  # value's, the locations' and the weights'
+    # What run_backward allocates, contiguous: grad_value's (B, S, M) strides (0s without
+    # it), grad_loc's and the weights' gradient's.
+    grad_strides: tuple
     sizes: tuple  # Q, S, D
     heads: int  # M
 
@@ -67,20 +70,22 @@ def plan_backward(value, sampling_locations, attention_weights, fp32_grad_accum:
         # A bucket holds at most a head's Q * L * K samples: BLOCK_E needs no more.
         gather = tiles.tile("gather", value, Q * L * K, B * S * M)
     strides = (*value.stride(), *sampling_locations.stride(), *attention_weights.stride())
+    grad_strides = ((0, 0, 0) if deterministic else runtime.contiguous_strides(value.shape)[:3])
+    grad_strides += (*runtime.contiguous_strides(sampling_locations.shape),
+                     *runtime.contiguous_strides(attention_weights.shape))
     return BackwardPlan(runtime.grid(value, Q, tile["BLOCK_Q"]),
                         dict(tile, L=L, K=K, ACC=acc, SOFTMAX=softmax), accum, sort, gather,
-                        g_dtype, strides, (Q, S, D), M)
+                        g_dtype, strides, grad_strides, (Q, S, D), M)
 
 
 def run_backward(plan: BackwardPlan, grad_output, value, spatial_shapes, sampling_locations,
                  attention_weights):
     """launch_backward with its plan_backward made before."""
-    launch_grid, meta, accum, sort, gather, g_dtype, strides, sizes, M = plan
-    # torch.empty: one aten op where new_empty is two.
-    grad_loc = torch.empty(sampling_locations.shape, dtype=sampling_locations.dtype,
-                           device=value.device)
-    grad_attn = torch.empty(attention_weights.shape, dtype=attention_weights.dtype,
-                            device=value.device)
+    launch_grid, meta, accum, sort, gather, g_dtype, strides, grad_strides, sizes, M = plan
+    # empty_like: one aten op (torch.empty with a shape costs twice its host time);
+    # contiguous whatever the input's layout.
+    grad_loc = torch.empty_like(sampling_locations, memory_format=torch.contiguous_format)
+    grad_attn = torch.empty_like(attention_weights, memory_format=torch.contiguous_format)
     g_attn, grad_logit = grad_attn, None
     if meta["SOFTMAX"]:
         grad_logit = grad_attn
@@ -88,12 +93,10 @@ def run_backward(plan: BackwardPlan, grad_output, value, spatial_shapes, samplin
             g_attn = torch.empty_like(grad_attn, dtype=g_dtype)
     # grad_output (B, Q, M * D) read as (B, Q, M, D) by its strides: no view op.
     gob, goq, goc = grad_output.stride()
-    go_strides = (gob, goq, sizes[2] * goc, goc)
-    grad_value, pdl, gv_strides = None, False, (0, 0, 0)
+    grad_value, pdl = None, False
     buffers = sort_buffers(sort, value, sampling_locations, meta["ACC"])
     if accum is not None:
-        grad_value = torch.empty(value.shape, device=value.device, dtype=accum)
-        gv_strides = grad_value.stride()[:3]
+        grad_value = torch.empty_like(value, dtype=accum, memory_format=torch.contiguous_format)
         # The fill must be the kernel right before the backward: with PDL the
         # backward starts while the fill runs, and only its atomics wait for it.
         # (This assumes no other thread queues work on the same stream in
@@ -103,7 +106,7 @@ def run_backward(plan: BackwardPlan, grad_output, value, spatial_shapes, samplin
         msda_bwd_kernel[launch_grid](
             grad_output, value, spatial_shapes, sampling_locations, attention_weights,
             grad_value, grad_loc, g_attn, grad_logit, *kernel_args(buffers),
-            *sizes, *go_strides, *strides, *gv_strides, *grad_loc.stride(), *g_attn.stride(),
+            *sizes, gob, goq, sizes[2] * goc, goc, *strides, *grad_strides,
             PDL=pdl, launch_pdl=pdl, **meta,
         )
     if accum is None:

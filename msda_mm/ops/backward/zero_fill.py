@@ -29,17 +29,18 @@ def fill_zeros(t: torch.Tensor) -> bool:
     16-bit buffers of even size as int32 words, which PyTorch writes faster
     than 16-bit zeros (docs/design.md).
     """
-    flat = t.view(-1)
-    if not flat.numel():
+    numel, size = t.numel(), t.element_size()
+    if not numel:
         return False  # nothing to fill: no kernel right before the next one
     pdl = runtime.pdl_available(t.device)
-    whole_words = flat.numel() * t.element_size() % 4 == 0
-    if not whole_words or not (runtime.interpreter_enabled() or (pdl and t.element_size() == 2)):
-        if t.element_size() == 2 and whole_words:
-            flat = flat.view(torch.int32)
-        flat.zero_()
+    whole_words = numel * size % 4 == 0
+    # The kernel: 16-bit words where PDL exists, any words in the interpreter
+    # (which never has PDL).
+    if not whole_words or not (size == 2 if pdl else runtime.interpreter_enabled()):
+        # 16-bit words as int32, anything else as it is (no view op).
+        (t.view(-1).view(torch.int32) if size == 2 and whole_words else t).zero_()
         return pdl
-    words = flat.view(torch.int32)
+    words = t.view(-1).view(torch.int32)
     n = words.numel()
     blocks = -(-n // _FILL["BLOCK"])
     # The interpreter has no SMs to fill; two programs still take the
