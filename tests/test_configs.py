@@ -4,6 +4,8 @@ and switch it to mmcv's kernels), needs no download, each bf16 or fp16
 config differs from its fp32 twin only in the optimizer wrapper, and each
 is at most MAX_LEVELS `_base_` steps from the mmdet config it builds on."""
 import ast
+import copy
+import functools
 from pathlib import Path
 
 import mmdet
@@ -33,8 +35,14 @@ RECIPE = "_recipe.py"
 MAX_LEVELS = 3
 
 
-def _load(name: str) -> Config:
+@functools.cache
+def _parsed(name: str) -> Config:
     return Config.fromfile(str(CONFIGS / name))
+
+
+def _load(name: str) -> Config:
+    """The config, parsed once (most tests read every config), as a copy of its own."""
+    return copy.deepcopy(_parsed(name))
 
 
 def _deformable_layers(model: Config) -> int:
