@@ -21,6 +21,8 @@ from msda_mm.models import TritonMSDeformAttn
 from mmcv.ops import MultiScaleDeformableAttention
 from mmdet.registry import MODEL_WRAPPERS, MODELS
 
+pytestmark = pytest.mark.usefixtures("one_intra_op_thread")  # the model builds
+
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 # Every config a user runs; "_" files are fragments other configs take pieces from.
 ALL = sorted(p.relative_to(CONFIGS).as_posix() for p in CONFIGS.rglob("*.py")

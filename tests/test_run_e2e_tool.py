@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.usefixtures("one_intra_op_thread")  # the model builds
+
 ROOT = Path(__file__).resolve().parents[1]
 TOOLS = ROOT / "tools"
 TOOL = TOOLS / "run_e2e.py"
