@@ -31,6 +31,17 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture
+def one_intra_op_thread():
+    """torch on one intra-op thread: on a busy 2-core box each multi-threaded
+    reduction of a small op waits ~20 ms at the OpenMP barrier, 1000x the
+    work itself (model builds, init_weights' per-tensor statistics)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture
 def reference_backend(monkeypatch):
     """Run CPU tensors through the pure-PyTorch reference instead of the
     interpreted kernels (whole-model tests would take minutes in the

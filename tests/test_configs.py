@@ -4,6 +4,8 @@ and switch it to mmcv's kernels), needs no download, each bf16 or fp16
 config differs from its fp32 twin only in the optimizer wrapper, and each
 is at most MAX_LEVELS `_base_` steps from the mmdet config it builds on."""
 import ast
+import copy
+import functools
 from pathlib import Path
 
 import mmdet
@@ -19,6 +21,8 @@ from msda_mm.models import TritonMSDeformAttn
 from mmcv.ops import MultiScaleDeformableAttention
 from mmdet.registry import MODEL_WRAPPERS, MODELS
 
+pytestmark = pytest.mark.usefixtures("one_intra_op_thread")  # the model builds
+
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 # Every config a user runs; "_" files are fragments other configs take pieces from.
 ALL = sorted(p.relative_to(CONFIGS).as_posix() for p in CONFIGS.rglob("*.py")
@@ -33,8 +37,14 @@ RECIPE = "_recipe.py"
 MAX_LEVELS = 3
 
 
-def _load(name: str) -> Config:
+@functools.cache
+def _parsed(name: str) -> Config:
     return Config.fromfile(str(CONFIGS / name))
+
+
+def _load(name: str) -> Config:
+    """The config, parsed once (most tests read every config), as a copy of its own."""
+    return copy.deepcopy(_parsed(name))
 
 
 def _deformable_layers(model: Config) -> int:

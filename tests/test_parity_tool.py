@@ -5,10 +5,7 @@ on one batch; the op switch swaps exactly what it says (on mmcv-lite also
 mmcv's CUDA entry point); and the mmcv side runs what it is chosen to run
 (a fake build stands in for mmcv's CUDA kernels)."""
 import json
-import os
 import runpy
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -54,25 +51,32 @@ def tiny(tmp_path_factory):
     return options, str(checkpoint)
 
 
-def _parity(*args: str) -> subprocess.CompletedProcess:
-    # TRITON_INTERPRET=0: CPU tensors take the PyTorch reference (the
-    # interpreter is far too slow for a model).
-    # PYTHONPATH: this checkout's msda_mm, wherever the installed one is.
-    # One intra-op thread: the model's ops are small, and on a busy 2-core
-    # box multi-threaded ones wait at OpenMP barriers, 10x slower.
-    env = dict(os.environ, TRITON_INTERPRET="0", OMP_NUM_THREADS="1",
-               PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
-    return subprocess.run([sys.executable, str(TOOLS / "parity.py"), *args], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=300)
+@pytest.fixture
+def parity_tool(monkeypatch):
+    """tools/parity.py's globals (its siblings common.py, train.py importable)."""
+    monkeypatch.syspath_prepend(str(TOOLS))
+    return runpy.run_path(str(TOOLS / "parity.py"))
+
+
+@pytest.fixture
+def parity(parity_tool, reference_backend, one_intra_op_thread, capsys):
+    """tools/parity.py ARGS in this process, as on a CPU without the
+    interpreter (the PyTorch reference; one intra-op thread, as the model's
+    ops are small): its exit code and output.  tools/run_e2e.py's smoke test
+    runs eval, grads and kernels as commands."""
+    def run(*args: str) -> tuple[int, str]:
+        status = parity_tool["main"](list(args))
+        return status, capsys.readouterr().out
+
+    return run
 
 
 @pytest.mark.slow
-def test_eval_of_one_checkpoint_passes(tiny, tmp_path):
+def test_eval_of_one_checkpoint_passes(tiny, tmp_path, parity):
     options, checkpoint = tiny
-    run = _parity("eval", CONFIG, checkpoint, "--out", str(tmp_path), "--tolerance-layer", "1e-4",
-                  *options)
-    log = run.stdout + run.stderr
-    assert run.returncode == 0, log[-4000:]
+    status, log = parity("eval", CONFIG, checkpoint, "--out", str(tmp_path),
+                         "--tolerance-layer", "1e-4", *options)
+    assert status == 0, log[-4000:]
     # Both COCO AP tables, the comparison and the verdict.
     assert log.count("Average Precision  (AP) @[ IoU=0.50:0.95 | area=   all") == 2
     assert "PASS: AP tolerance 0.1 AP points: all 6 metrics within" in log
@@ -86,12 +90,13 @@ def test_eval_of_one_checkpoint_passes(tiny, tmp_path):
 
 
 @pytest.mark.slow
-def test_grads_compares_three_backward_passes_of_one_batch(tiny, tmp_path):
+def test_grads_compares_three_backward_passes_of_one_batch(tiny, tmp_path, parity):
     options, checkpoint = tiny
     # An fp32 config on the CPU: fp32_compute changes nothing and the
     # reference is deterministic, so every difference is exactly zero.
-    run = _parity("grads", CONFIG, "--checkpoint", checkpoint, "--out", str(tmp_path), *options)
-    assert run.returncode == 0, (run.stdout + run.stderr)[-4000:]
+    status, out = parity("grads", CONFIG, "--checkpoint", checkpoint, "--out", str(tmp_path),
+                         *options)
+    assert status == 0, out[-4000:]
     report = json.loads((tmp_path / "parity_grads.json").read_text())
     assert set(report["losses"]) == {"configured", "configured_again", "fp32_grad_accum",
                                      "fp32_compute"}
@@ -101,38 +106,30 @@ def test_grads_compares_three_backward_passes_of_one_batch(tiny, tmp_path):
     assert all(row["max"] == 0 for row in report["summary"].values())
     assert set(report["summary"]) == {"floor", "fp32_compute", "bf16_value"}
     assert report["checkpoint"] == checkpoint
-    assert "most moved by fp32_compute" in run.stdout
+    assert "most moved by fp32_compute" in out
 
 
 @pytest.mark.slow
-def test_kernels_says_when_no_call_is_bf16(tiny, tmp_path):
+def test_kernels_says_when_no_call_is_bf16(tiny, tmp_path, parity):
     # The CPU demo is fp32: no op call to check, which is exit code 4, not a pass.
     options, checkpoint = tiny
-    run = _parity("kernels", CONFIG, "--checkpoint", checkpoint, "--out", str(tmp_path),
-                  *options)
-    assert run.returncode == 4, (run.stdout + run.stderr)[-4000:]
-    assert "had a bf16 value: nothing to check" in run.stdout
+    status, out = parity("kernels", CONFIG, "--checkpoint", checkpoint, "--out", str(tmp_path),
+                         *options)
+    assert status == 4, out[-4000:]
+    assert "had a bf16 value: nothing to check" in out
     report = json.loads((tmp_path / "parity_kernels.json").read_text())
     assert report["calls"] == [] and report["checkpoint"] == checkpoint
 
 
-@pytest.fixture
-def parity_tool(monkeypatch):
-    """tools/parity.py's globals (its siblings common.py, train.py importable)."""
-    monkeypatch.syspath_prepend(str(TOOLS))
-    return runpy.run_path(str(TOOLS / "parity.py"))
-
-
 @pytest.mark.slow
-def test_eval_fails_when_the_mmcv_side_differs(tiny, tmp_path, parity_tool, monkeypatch,
-                                               reference_backend):
+def test_eval_fails_when_the_mmcv_side_differs(tiny, tmp_path, parity, monkeypatch):
     options, checkpoint = tiny
     exact = multi_scale_deform_attn.multi_scale_deformable_attn_pytorch
     # mmcv's forward calls this for CPU tensors: only the mmcv side changes.
     monkeypatch.setattr(multi_scale_deform_attn, "multi_scale_deformable_attn_pytorch",
                         lambda *args: exact(*args) + 0.01)
-    status = parity_tool["main"](["eval", CONFIG, checkpoint, "--out", str(tmp_path),
-                                  "--max-batches", "1", "--tolerance-layer", "1e-3", *options])
+    status, _ = parity("eval", CONFIG, checkpoint, "--out", str(tmp_path), "--max-batches", "1",
+                       "--tolerance-layer", "1e-3", *options)
     assert status == 1
     report = json.loads((tmp_path / "parity_eval.json").read_text())
     assert not report["passed"] and "layer tolerance 0.001: exceeded by" in report["verdict"]
@@ -140,18 +137,18 @@ def test_eval_fails_when_the_mmcv_side_differs(tiny, tmp_path, parity_tool, monk
 
 
 @pytest.mark.slow
-def test_train_writes_both_loss_curves(tiny, tmp_path):
+def test_train_writes_both_loss_curves(tiny, tmp_path, parity):
     options, _ = tiny
     # Three steps of batch 4 over 8 images: the third starts a second epoch.
-    run = _parity("train", CONFIG, "--iters", "3", "--seed", "1", "--out", str(tmp_path),
-                  *options)
-    assert run.returncode == 0, (run.stdout + run.stderr)[-4000:]
+    status, out = parity("train", CONFIG, "--iters", "3", "--seed", "1", "--out", str(tmp_path),
+                         *options)
+    assert status == 0, out[-4000:]
     report = json.loads((tmp_path / "parity_train.json").read_text())
     assert len(report["loss"]["triton"]) == len(report["loss"]["mmcv"]) == 3
     assert len(report["rel_diff"]) == 3 and report["max_rel_diff"] < 1e-4
     assert report["log_vars"]["mmcv"]["loss"] == report["loss"]["mmcv"]
     assert (tmp_path / "parity_train.png").read_bytes().startswith(b"\x89PNG")
-    assert "max relative difference of the total loss" in run.stdout
+    assert "max relative difference of the total loss" in out
 
 
 def test_bad_command_lines_say_what_is_wrong(parity_tool, capsys):

@@ -3,6 +3,7 @@ run), as calls of the project's tools; ``PARTS`` maps a part to its steps and
 to the pattern of its headline lines."""
 from __future__ import annotations
 
+import os
 import sys
 from functools import partial
 from itertools import product
@@ -11,7 +12,7 @@ from pathlib import Path
 from e2e_plan import VARIANTS, Plan, first_evaluation
 from e2e_steps import Steps, lanes, side_by_side
 
-PYTHON = sys.executable
+PYTHON = os.environ.get("E2E_PYTHON") or sys.executable  # see tools/run_e2e.py
 
 
 def prepare_data(plan: Plan, steps: Steps, *sizes: str) -> None:

@@ -125,8 +125,9 @@ def make_plan(part: str, res: Path, gpus: tuple[str, ...], variants: tuple[str, 
         return Plan(**common, synthetic=dict.fromkeys(SYNTHETIC, TINY),
                     coco=dict.fromkeys(COCO, TINY), size=(64, 96), batches=(1, 2),
                     parity_iters=3,
-                    # 2 iterations an epoch
-                    train_options=("train_dataloader.dataset.indices=8", *schedule),
+                    # 2 iterations an epoch, validated on 4 images
+                    train_options=("train_dataloader.dataset.indices=8",
+                                   "val_dataloader.dataset.indices=4", *schedule),
                     eval_options=("--max-batches", "4"),
                     profile_options=("--iters", "2", "--warmup", "1", "--profile-iters", "1"),
                     workers=2)

@@ -26,11 +26,14 @@ ddp:     (2 GPUs) the multi-GPU op test; the synthetic bf16 training through
 Every step runs under the deadline (--budget-s from the start, less what the
 steps after it in its lane need) and is stopped there; the results are
 packed before it.  Two lanes of steps, one per GPU (CUDA_VISIBLE_DEVICES,
-else nvidia-smi); on one GPU one after the other.  Writes OUT/PART.log (each
-step's exit code, seconds and command, then the headline numbers) and
-OUT/PART.tar.gz (work_dirs/e2e/PART without checkpoints).  Each option's
+else nvidia-smi); on one GPU one after the other.  The runs go to
+work_dirs/e2e/PART (--work-dirs DIR: DIR/PART, cleared first).  Writes
+OUT/PART.log (each step's exit code, seconds and command, then the headline
+numbers) and OUT/PART.tar.gz (the runs without checkpoints).  Each option's
 default is its E2E_* environment variable's (E2E_BUDGET_S, E2E_EPOCHS, ...,
-E2E_SMOKE=1).
+E2E_SMOKE=1).  E2E_PYTHON is the interpreter every step runs (default: this
+one); E2E_PYTHON=true lists a part's steps and commands without running them
+(each exits 0 at once, so steps that read a checkpoint say it is missing).
 """
 from __future__ import annotations
 
@@ -94,6 +97,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                         default=(from_env("E2E_SEEDS") or "").split() or None,
                         help="seeds, ap, amp: the seeds of each variant (E2E_SEEDS; default "
                              "0 1, ap and amp 0)")
+    parser.add_argument("--work-dirs", metavar="DIR", type=Path,
+                        default=from_env("E2E_WORK_DIRS"),
+                        help="the runs go to DIR/PART, cleared first (E2E_WORK_DIRS; default "
+                             "work_dirs/e2e in the checkout)")
     parser.add_argument("--smoke", action="store_true",
                         default=os.environ.get("E2E_SMOKE") == "1",
                         help="the tiny CPU config and a few steps: a check without a GPU "
@@ -178,9 +185,9 @@ def main(argv=None) -> int:
         print(f"run_e2e.py: the ddp part needs 2 GPUs, found {len(gpus)}", file=sys.stderr)
         return 2
     out = args.out.resolve()
+    res = (args.work_dirs.resolve() if args.work_dirs else Path("work_dirs/e2e")) / args.part
     os.chdir(ROOT)  # the tools' and configs' paths are the repository's
     out.mkdir(parents=True, exist_ok=True)
-    res = Path("work_dirs/e2e") / args.part
     shutil.rmtree(res, ignore_errors=True)
     (res / "logs").mkdir(parents=True)
     summary = Summary(out / f"{args.part}.log")

@@ -2,7 +2,6 @@
 import logging
 
 import pytest
-import torch
 from mmengine.logging import MMLogger
 
 # Before any test module here imports mmcv.ops or mmdet.models: on mmcv-lite
@@ -11,14 +10,9 @@ import msda_mm  # noqa: F401  (registrations and mmcv-lite shims)
 
 
 @pytest.fixture(autouse=True)
-def one_intra_op_thread():
-    # These tests run many small ops (model builds, init_weights' per-tensor
-    # statistics): on a busy 2-core box each multi-threaded reduction waits
-    # ~20 ms at the OpenMP barrier, 1000x the work itself.
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
+def one_intra_op_thread(one_intra_op_thread):
+    # These tests run many small ops (model builds, init_weights' per-tensor statistics).
     yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture

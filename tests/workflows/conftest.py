@@ -1,11 +1,14 @@
 """The runs the workflow tests share, made as a user makes them: the CPU
 demo config on a handful of images, trained with tools/train.py, killed in
 its second epoch, then resumed."""
+import fcntl
+import os
 import shutil
 import subprocess
 import sys
 import threading
 from pathlib import Path
+from typing import Callable
 
 import pytest
 from tool_runs import ROOT, tool_env, write_tiny_demo
@@ -36,18 +39,43 @@ def copy_run(src: Path, dst: Path) -> Path:
     return dst
 
 
+def shared(tmp_path_factory, name: str, make: Callable[[Path], None]) -> Path:
+    """The folder NAME that ``make`` fills, made once per test run: under
+    pytest-xdist the first worker to ask makes it in the workers' common
+    temporary folder, and the others wait for it and read it."""
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        folder = tmp_path_factory.mktemp(name)
+        make(folder)
+        return folder
+    common = tmp_path_factory.getbasetemp().parent
+    folder, done = common / name, common / f"{name}.done"
+    with open(common / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not done.exists():
+            shutil.rmtree(folder, ignore_errors=True)  # a worker that failed half way
+            folder.mkdir()
+            make(folder)
+            done.touch()
+    return folder
+
+
 @pytest.fixture(scope="package")
 def tiny_demo(tmp_path_factory) -> Path:
-    folder = tmp_path_factory.mktemp("tiny_demo")
     # The demo's own checkpoint settings; 4 iterations an epoch.
-    return write_tiny_demo(folder / "tiny_demo.py", f"{folder}/data/", num_train=16)
+    folder = shared(tmp_path_factory, "tiny_demo", lambda folder: write_tiny_demo(
+        folder / "tiny_demo.py", f"{folder}/data/", num_train=16))
+    return folder / "tiny_demo.py"
 
 
 @pytest.fixture(scope="package")
 def killed_run(tiny_demo, tmp_path_factory) -> Path:
     """tools/train.py on the demo for 2 epochs, killed after the first
     iteration of the second (three iterations before it could save)."""
-    work_dir = tmp_path_factory.mktemp("killed") / "work"
+    return shared(tmp_path_factory, "killed", lambda folder: kill_in_epoch_2(
+        tiny_demo, folder / "work")) / "work"
+
+
+def kill_in_epoch_2(tiny_demo: Path, work_dir: Path) -> None:
     proc = subprocess.Popen(
         [sys.executable, str(ROOT / "tools/train.py"), str(tiny_demo), "--work-dir",
          str(work_dir), *TWO_EPOCHS], cwd=ROOT, env=tool_env(), stdout=subprocess.PIPE,
@@ -63,14 +91,17 @@ def killed_run(tiny_demo, tmp_path_factory) -> Path:
     watchdog.cancel()
     proc.wait()
     assert "Epoch(train) [2][1/4]" in log[-1], "".join(log)[-4000:]
-    return work_dir
 
 
 @pytest.fixture(scope="package")
 def resumed_run(killed_run, tiny_demo, tmp_path_factory) -> tuple[Path, str]:
     """The killed run resumed with tools/train.py --resume: (work dir, log)."""
-    work_dir = copy_run(killed_run, tmp_path_factory.mktemp("resumed") / "work")
-    done = run(ROOT / "tools/train.py", tiny_demo, "--work-dir", work_dir, "--resume",
-               *TWO_EPOCHS)
-    assert done.returncode == 0, done.stdout[-4000:]
-    return work_dir, done.stdout
+    def resume(folder: Path) -> None:
+        work_dir = copy_run(killed_run, folder / "work")
+        done = run(ROOT / "tools/train.py", tiny_demo, "--work-dir", work_dir, "--resume",
+                   *TWO_EPOCHS)
+        assert done.returncode == 0, done.stdout[-4000:]
+        (folder / "resume.log").write_text(done.stdout)
+
+    folder = shared(tmp_path_factory, "resumed", resume)
+    return folder / "work", (folder / "resume.log").read_text()
