@@ -4,14 +4,53 @@ Without a GPU the Triton kernels run in Triton's interpreter on CPU tensors:
 TRITON_INTERPRET must be set before msda_mm (and so the @triton.jit kernels)
 is imported, which is why it happens here and not in a fixture.
 """
+import functools
 import os
 
 import pytest
 import torch
 
 HAS_CUDA = torch.cuda.is_available()
+
+
+def _patch_language_once_a_launch():
+    """Triton's interpreter patches triton.language for the kernel at each
+    launch, and again at every call of a @triton.jit helper inside it: a
+    third of an interpreted kernel's time.  A helper whose language modules
+    (triton.language, triton.language.core) the launch has patched already
+    now skips that; the kernels run as before."""
+    import triton.language as tl
+    from triton.runtime import interpreter
+
+    if not (hasattr(interpreter, "_patch_lang") and hasattr(interpreter, "GridExecutor")):
+        return  # another Triton's interpreter: the kernels run unpatched, only slower
+    patch_lang, launch = interpreter._patch_lang, interpreter.GridExecutor.__call__
+    patched = []  # the running launch's patched language modules
+
+    @functools.wraps(patch_lang)
+    def patch_lang_once(fn):
+        langs = {v for v in fn.__globals__.values() if v is tl or v is tl.core}
+        if patched and langs and langs <= patched[-1]:
+            return None  # a helper's call: nothing reads what it returns
+        if patched:
+            patched[-1] |= langs
+        return patch_lang(fn)
+
+    @functools.wraps(launch)
+    def launch_patching_once(self, *args, **kwargs):
+        patched.append(set())
+        try:
+            return launch(self, *args, **kwargs)
+        finally:
+            patched.pop()
+
+    interpreter._patch_lang = patch_lang_once
+    interpreter.GridExecutor.__call__ = launch_patching_once
+
+
 if not HAS_CUDA:
     os.environ.setdefault("TRITON_INTERPRET", "1")
+    _patch_language_once_a_launch()
 
 
 @pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: without it, never called

@@ -105,6 +105,11 @@ class Variant:
     def shape(self):
         return PAIRS_SHAPE if self.kernel in ("fwd_pairs", *STABLE_KERNELS) else SHAPE
 
+    @classmethod
+    def of(cls, row: dict) -> "Variant":
+        """The variant a row (compile_variant's, or compile_check.py --json's) is of."""
+        return cls(**{f.name: row[f.name] for f in dataclasses.fields(cls)})
+
 
 def auto_fp32_accum(dtype: str, arch: int) -> bool:
     """What ``resolve_fp32_grad_accum(value, None)`` picks on a GPU of this

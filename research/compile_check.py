@@ -6,6 +6,11 @@ kernels, and the forward's load widths, with registers and spills.  Exits
 non-zero if any variant fails to compile.
 
     python research/compile_check.py [--archs 80 90] [--softmax] [--json out.json] [--dump DIR]
+    python research/compile_check.py --variants rows.json [--json ...] [--dump ...]
+
+--variants compiles the variants of the rows in a --json file (of an earlier
+run, or any list of the codegen.Variant fields) instead of the product of
+--archs, --dtypes, --head-dims, --kernels and --softmax.
 
 --dump writes each variant's PTX (without debug information) and SASS, so
 that two checkouts' code can be diffed: ``diff -r DIR_A DIR_B``.
@@ -66,13 +71,18 @@ def main(argv=None) -> int:
     p.add_argument("--kernels", nargs="+", choices=cc.KERNELS, default=list(cc.KERNELS))
     p.add_argument("--softmax", action="store_true",
                    help="also compile the kernels that take softmax over attention logits")
+    p.add_argument("--variants", type=Path,
+                   help="compile the variants of these rows (a --json file) instead")
     p.add_argument("--jobs", type=int, default=os.cpu_count())
     p.add_argument("--json", help="also write the rows to this file")
     p.add_argument("--dump", type=Path, help="write <variant>.ptx and .sass into this folder")
     args = p.parse_args(argv)
 
-    todo = cc.variants(args.archs, args.dtypes, args.head_dims, args.kernels,
-                       (False, True) if args.softmax else (False,))
+    if args.variants:
+        todo = [cc.Variant.of(row) for row in json.loads(args.variants.read_text())]
+    else:
+        todo = cc.variants(args.archs, args.dtypes, args.head_dims, args.kernels,
+                           (False, True) if args.softmax else (False,))
     if not todo:
         p.error("no kernel variant for these arguments (fwd_pairs takes fp16/bf16 and even "
                 "head dims)")

@@ -8,40 +8,83 @@ current tile layout are native on sm_90 (so auto keeps bf16 there); and
 that the deterministic backward's grad_value kernels have no atomic adds
 but one native 32-bit increment a sample.
 """
+import dataclasses
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+from filelock import FileLock
+
+from research import codegen as cc
 
 TOOL = Path(__file__).resolve().parents[1] / "compile_check.py"
 
-
-def _compile_check(out: Path, *args: str, kernels=("bwd",), dtypes=("bf16",)) -> list:
-    """The rows of ``research/compile_check.py args`` for some kernels
-    (default: the bf16 backward).
-
-    A subprocess, because conftest.py turned the interpreter on in this
-    process, and interpreted kernels cannot be compiled."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    run = subprocess.run([sys.executable, str(TOOL), "--dtypes", *dtypes, "--kernels", *kernels,
-                          *args, "--json", str(out)],
-                         env=env, capture_output=True, text=True, timeout=600)
-    print(run.stdout)  # the table, shown with -s or on failure
-    assert run.returncode == 0, run.stdout + run.stderr
-    return json.loads(out.read_text())
+# What the tests read, listed as the tool lists them.  The float-atomic and
+# deterministic bf16 backwards (2 archs x 3 accumulation modes):
+BACKWARD = cc.variants([80, 90], ["bf16"], [32], ("bwd",))
+DETERMINISTIC = cc.variants([80, 90], ["bf16", "fp32"], [32, 64], cc.DET_KERNELS)
+WIDE = cc.variants([90], ["bf16"], [256], ("bwd",))
+PAIRS = cc.variants([80, 90], ["bf16", "fp16", "fp32"], [32], ("fwd_pairs",))
+SOFTMAX_FWD = cc.variants([90], ["bf16", "fp32"], [32], ("fwd",), (False, True))
+SOFTMAX_BWD = cc.variants([90], ["bf16", "fp32"], [32], ("bwd",), (False, True))
+DUMPED = cc.Variant("fwd", 90, "fp32", 32)
 
 
-@pytest.fixture(scope="module")
-def all_rows(tmp_path_factory):
+def _environ() -> dict:
+    """The environment without TRITON_INTERPRET, which conftest.py set for
+    this process: interpreted kernels cannot be compiled."""
+    return {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+
+
+@pytest.fixture(scope="session")
+def compiled(tmp_path_factory):
+    """Each variant above compiled once by ``research/compile_check.py
+    --variants``, with --json and --dump: ``rows`` by variant, ``dump``
+    the folder of their code.  Under pytest-xdist the first process to ask runs the tool, in the
+    processes' common folder, and the others read its rows."""
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent
+    out = root / "compile_check"
+    with FileLock(str(root / "compile_check.lock")):
+        if not (out / "rows.json").is_file():
+            out.mkdir(exist_ok=True)
+            todo = dict.fromkeys(BACKWARD + DETERMINISTIC + WIDE + PAIRS + SOFTMAX_FWD
+                                 + SOFTMAX_BWD + [DUMPED])
+            (out / "variants.json").write_text(json.dumps([dataclasses.asdict(v) for v in todo]))
+            run = subprocess.run([sys.executable, str(TOOL), "--variants",
+                                  str(out / "variants.json"), "--json", str(out / "rows.json"),
+                                  "--dump", str(out / "dump")],
+                                 env=_environ(), capture_output=True, text=True, timeout=1800)
+            print(run.stdout)  # the tables, shown with -s or on failure
+            assert (out / "rows.json").is_file(), run.stdout + run.stderr
+            # Exit status 1 where a variant failed to compile; that fails the
+            # tests that read it.
+            failed = any(r["error"] for r in json.loads((out / "rows.json").read_text()))
+            assert run.returncode == failed, run.stdout + run.stderr
+    rows = json.loads((out / "rows.json").read_text())
+    return SimpleNamespace(rows={cc.Variant.of(r): r for r in rows}, dump=out / "dump")
+
+
+def _rows(compiled, variants) -> list:
+    """The rows of these variants, each compiled without error."""
+    rows = [compiled.rows[v] for v in variants]
+    for row in rows:
+        assert row["error"] is None, row
+    return rows
+
+
+@pytest.fixture
+def all_rows(compiled):
     """The six bf16 backward variants (2 archs x 3 accumulation modes)."""
-    out = tmp_path_factory.mktemp("compile_check") / "rows.json"
-    return _compile_check(out, "--archs", "80", "90", "--head-dims", "32")
+    return _rows(compiled, BACKWARD)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def rows(all_rows):
     """The float-atomic variants by (arch, fp32_accum)."""
     return {(r["arch"], r["fp32_accum"]): r for r in all_rows if not r["deterministic"]}
@@ -104,14 +147,13 @@ def test_deterministic_backward_adds_no_grad_value(all_rows):
         assert row["spill_stores"] == 0 and row["spill_loads"] == 0, row
 
 
-def test_deterministic_grad_value_kernels_add_in_registers(tmp_path):
+def test_deterministic_grad_value_kernels_add_in_registers(compiled):
     # The bucketed gather: one native 64-bit atomic max a program on the
     # bound's bits (no CAS loop), none in the fills, in msda_bwd_kernel with
     # the stable sort's keys and records, and in either gather, which sums
     # its terms in registers; no spills at D = 32 and 64.
     kernels = ("bound", "bucket_fill", "gather", "stable_bwd", "sorted_fill", "stable_gather")
-    rows = _compile_check(tmp_path / "rows.json", "--archs", "80", "90", "--head-dims", "32",
-                          "64", kernels=kernels, dtypes=("bf16", "fp32"))
+    rows = _rows(compiled, DETERMINISTIC)
     assert {(r["kernel"], r["arch"], r["head_dim"]) for r in rows} == {
         (k, a, d) for k in kernels for a in (80, 90) for d in (32, 64)}
     for row in rows:
@@ -127,20 +169,19 @@ def test_deterministic_grad_value_kernels_add_in_registers(tmp_path):
             assert row["sass_stores"] == {"STG.E.128": 1, "STG.E": 2}, row
 
 
-def test_wide_heads_do_not_spill(tmp_path):
+def test_wide_heads_do_not_spill(compiled):
     # D = 256 (one head of 256): one warp per program held 4 x 16 x 256
     # corner values and spilled (14 registers native, 236 with fp32
     # accumulation); Tiles.tile adds warps instead (the int64 rows too).
-    for row in _compile_check(tmp_path / "rows.json", "--archs", "90", "--head-dims", "256"):
+    for row in _rows(compiled, WIDE):
         assert row["spill_stores"] == 0 and row["spill_loads"] == 0, row
 
 
-def test_pairs_forward_reads_16_byte_words_without_spills(tmp_path):
+def test_pairs_forward_reads_16_byte_words_without_spills(compiled):
     # msda_fwd_pairs_kernel (large grids) reads value as int32 (fp16/bf16) or
     # int64 (fp32) words of two channels: at D = 32 each corner row must
     # still be one 16-byte load per thread, on both archs.
-    rows = _compile_check(tmp_path / "rows.json", "--archs", "80", "90", "--head-dims", "32",
-                          kernels=("fwd_pairs",), dtypes=("bf16", "fp16", "fp32"))
+    rows = _rows(compiled, PAIRS)
     assert len(rows) == 6
     for row in rows:
         assert row["error"] is None, row
@@ -148,12 +189,11 @@ def test_pairs_forward_reads_16_byte_words_without_spills(tmp_path):
         assert row["spill_stores"] == 0 and row["spill_loads"] == 0, row
 
 
-def test_fused_softmax_forward_adds_exps_only(tmp_path):
+def test_fused_softmax_forward_adds_exps_only(compiled):
     # softmax=True (msda_fwd_kernel, the decoder's call): one exp per sample
     # and a max pass over the logits, the value rows read as before and no
     # spills; the default variants have no exp at all.
-    rows = _compile_check(tmp_path / "rows.json", "--archs", "90", "--head-dims", "32",
-                          "--softmax", kernels=("fwd",), dtypes=("bf16", "fp32"))
+    rows = _rows(compiled, SOFTMAX_FWD)
     by_key = {(r["arch"], r["dtype"], r["softmax"]): r for r in rows}
     assert len(by_key) == 4
     for (arch, dtype, softmax), row in by_key.items():
@@ -164,12 +204,11 @@ def test_fused_softmax_forward_adds_exps_only(tmp_path):
         assert (row["exps"] > 0) == softmax, row
 
 
-def test_fused_softmax_backward_keeps_its_atomics(tmp_path):
+def test_fused_softmax_backward_keeps_its_atomics(compiled):
     # softmax=True (msda_bwd_kernel, the decoder's call, auto accumulation):
     # exps for the softmax passes, the same grad_value atomics and fill wait
     # as without it, and no spills.
-    rows = _compile_check(tmp_path / "rows.json", "--archs", "90", "--head-dims", "32",
-                          "--softmax", dtypes=("bf16", "fp32"))
+    rows = _rows(compiled, SOFTMAX_BWD)
     by_key = {(r["dtype"], r["softmax"]): r for r in rows if r["auto"] and not r["deterministic"]}
     assert len(by_key) == 4
     for (dtype, softmax), row in by_key.items():
@@ -193,28 +232,24 @@ def test_corner_bounds_checks_compare_unsigned():
         "    v = cc.variants([90], ['bf16'], [32], (kern,))[0]\n"
         "    k = cc._compile(*cc._recorded_launch(v), 90)\n"
         "    print(kern, k.asm['ttir'].count('arith.cmpi ult'))\n")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    run = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True,
-                         timeout=600, cwd=TOOL.parents[1])
+    run = subprocess.run([sys.executable, "-c", script], env=_environ(), capture_output=True,
+                         text=True, timeout=600, cwd=TOOL.parents[1])
     assert run.returncode == 0, run.stderr
     counts = dict(line.split() for line in run.stdout.splitlines())
     assert counts == {"fwd": "4", "fwd_pairs": "64", "bwd": "4"}, run.stdout
 
 
 def test_pairs_variants_only_where_the_launcher_takes_the_pairs_kernel():
-    from research import codegen as cc
     rows = cc.variants([90], ["fp32", "bf16", "fp16"], [31, 32], ("fwd_pairs",))
     assert [(v.dtype, v.head_dim) for v in rows] == [("fp32", 32), ("bf16", 32), ("fp16", 32)]
 
 
-def test_dump_writes_code_without_debug_lines(tmp_path):
+def test_dump_writes_code_without_debug_lines(compiled):
     # --dump: what two checkouts' code is compared by (debug lines and
     # labels move with every source line and are left out).
-    rows = _compile_check(tmp_path / "rows.json", "--archs", "90", "--head-dims", "32",
-                          "--dump", str(tmp_path / "dump"), kernels=("fwd",), dtypes=("fp32",))
-    assert len(rows) == 1 and rows[0]["error"] is None
-    ptx = (tmp_path / "dump" / "fwd-sm90-fp32-d32.ptx").read_text()
-    sass = (tmp_path / "dump" / "fwd-sm90-fp32-d32.sass").read_text()
+    _rows(compiled, [DUMPED])
+    ptx = (compiled.dump / "fwd-sm90-fp32-d32.ptx").read_text()
+    sass = (compiled.dump / "fwd-sm90-fp32-d32.sass").read_text()
     assert ".entry msda_fwd_kernel" in ptx and "ld.global" in ptx
     assert ".loc" not in ptx and "$L__tmp" not in ptx and ".debug" not in ptx
     assert "LDG.E" in sass
