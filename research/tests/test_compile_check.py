@@ -40,7 +40,7 @@ def _environ() -> dict:
     return {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def compiled(tmp_path_factory):
     """Each variant above compiled once by ``research/compile_check.py
     --variants``, with --json and --dump: ``rows`` by variant, ``dump``
