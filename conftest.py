@@ -1,4 +1,4 @@
-"""Test-session set-up.
+"""Test set-up for the whole suite.
 
 Without a GPU the Triton kernels run in Triton's interpreter on CPU tensors:
 TRITON_INTERPRET must be set before msda_mm (and so the @triton.jit kernels)
