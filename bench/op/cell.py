@@ -126,17 +126,16 @@ def measure(record: dict, fn: MSDAFn, inputs: MSDAInputs, reference: Optional[tu
     record["eager_fwd_us"], record["host_fwd_us"] = eager_times_us(forward, device, budget_ms)
     record["eager_fwdbwd_us"], record["host_fwdbwd_us"] = eager_times_us(
         forward_backward, device, budget_ms)
-    # Host times are CUDA's only (on CPU the wall time is the host's): no third timing there.
-    record["host_fwdbwd_caller_us"] = None
     if device.type == "cuda":
         with torch.autograd.set_multithreading_enabled(False):
             record["host_fwdbwd_caller_us"] = eager_times_us(forward_backward, device,
                                                              budget_ms)[1]
-    if device.type == "cuda":
         fwd, fwd_warm = graph_times_us(forward, device, budget_ms)
         fwdbwd, fwdbwd_warm = graph_times_us(forward_backward, device, budget_ms)
         record.update(fwd_warm_us=fwd_warm, bwd_warm_us=fwdbwd_warm - fwd_warm)
     else:
+        # Host times are CUDA's only (on CPU the wall time is the host's): no third timing.
+        record["host_fwdbwd_caller_us"] = None
         fwd, fwdbwd = record["eager_fwd_us"], record["eager_fwdbwd_us"]
     record.update(fwd_us=fwd, bwd_us=fwdbwd - fwd, fwdbwd_us=fwdbwd)
     if device.type == "cuda":
