@@ -6,9 +6,13 @@ is imported, which is why it happens here and not in a fixture.
 """
 import functools
 import os
+import shutil
+from pathlib import Path
+from typing import Callable
 
 import pytest
 import torch
+from filelock import FileLock
 
 HAS_CUDA = torch.cuda.is_available()
 
@@ -78,6 +82,30 @@ def one_intra_op_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="session")
+def made_once(tmp_path_factory):
+    """``made_once(name, make)``: the folder ``name`` that ``make(folder)``
+    fills, made once per test run.  Under pytest-xdist the first worker to
+    ask makes it in the workers' common temporary folder, and the others
+    wait for it and read it; a worker that failed half way leaves it to be
+    made again."""
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent
+
+    def get(name: str, make: Callable[[Path], None]) -> Path:
+        folder, done = root / name, root / f"{name}.done"
+        with FileLock(str(root / f"{name}.lock")):
+            if not done.exists():
+                shutil.rmtree(folder, ignore_errors=True)
+                folder.mkdir()
+                make(folder)
+                done.touch()
+        return folder
+
+    return get
 
 
 @pytest.fixture

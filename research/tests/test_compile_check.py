@@ -17,7 +17,6 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from filelock import FileLock
 
 from research import codegen as cc
 
@@ -41,33 +40,29 @@ def _environ() -> dict:
 
 
 @pytest.fixture(scope="module")
-def compiled(tmp_path_factory):
+def compiled(made_once):
     """Each variant above compiled once by ``research/compile_check.py
     --variants``, with --json and --dump: ``rows`` by variant, ``dump``
-    the folder of their code.  Under pytest-xdist the first process to ask runs the tool, in the
-    processes' common folder, and the others read its rows."""
-    root = tmp_path_factory.getbasetemp()
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        root = root.parent
-    out = root / "compile_check"
-    with FileLock(str(root / "compile_check.lock")):
-        if not (out / "rows.json").is_file():
-            out.mkdir(exist_ok=True)
-            todo = dict.fromkeys(BACKWARD + DETERMINISTIC + WIDE + PAIRS + SOFTMAX_FWD
-                                 + SOFTMAX_BWD + [DUMPED])
-            (out / "variants.json").write_text(json.dumps([dataclasses.asdict(v) for v in todo]))
-            run = subprocess.run([sys.executable, str(TOOL), "--variants",
-                                  str(out / "variants.json"), "--json", str(out / "rows.json"),
-                                  "--dump", str(out / "dump")],
-                                 env=_environ(), capture_output=True, text=True, timeout=1800)
-            print(run.stdout)  # the tables, shown with -s or on failure
-            assert (out / "rows.json").is_file(), run.stdout + run.stderr
-            # Exit status 1 where a variant failed to compile; that fails the
-            # tests that read it.
-            failed = any(r["error"] for r in json.loads((out / "rows.json").read_text()))
-            assert run.returncode == failed, run.stdout + run.stderr
+    the folder of their code.  Under pytest-xdist the first process to ask
+    runs the tool, and the others read its rows (conftest.py's made_once)."""
+    out = made_once("compile_check", _compile_variants)
     rows = json.loads((out / "rows.json").read_text())
     return SimpleNamespace(rows={cc.Variant.of(r): r for r in rows}, dump=out / "dump")
+
+
+def _compile_variants(out: Path) -> None:
+    todo = dict.fromkeys(BACKWARD + DETERMINISTIC + WIDE + PAIRS + SOFTMAX_FWD + SOFTMAX_BWD
+                         + [DUMPED])
+    (out / "variants.json").write_text(json.dumps([dataclasses.asdict(v) for v in todo]))
+    run = subprocess.run([sys.executable, str(TOOL), "--variants", str(out / "variants.json"),
+                          "--json", str(out / "rows.json"), "--dump", str(out / "dump")],
+                         env=_environ(), capture_output=True, text=True, timeout=1800)
+    print(run.stdout)  # the tables, shown with -s or on failure
+    assert (out / "rows.json").is_file(), run.stdout + run.stderr
+    # Exit status 1 where a variant failed to compile; that fails the tests
+    # that read it.
+    failed = any(r["error"] for r in json.loads((out / "rows.json").read_text()))
+    assert run.returncode == failed, run.stdout + run.stderr
 
 
 def _rows(compiled, variants) -> list:

@@ -1,14 +1,11 @@
 """The runs the workflow tests share, made as a user makes them: the CPU
 demo config on a handful of images, trained with tools/train.py, killed in
 its second epoch, then resumed."""
-import fcntl
-import os
 import shutil
 import subprocess
 import sys
 import threading
 from pathlib import Path
-from typing import Callable
 
 import pytest
 from tool_runs import ROOT, tool_env, write_tiny_demo
@@ -39,39 +36,19 @@ def copy_run(src: Path, dst: Path) -> Path:
     return dst
 
 
-def shared(tmp_path_factory, name: str, make: Callable[[Path], None]) -> Path:
-    """The folder NAME that ``make`` fills, made once per test run: under
-    pytest-xdist the first worker to ask makes it in the workers' common
-    temporary folder, and the others wait for it and read it."""
-    if "PYTEST_XDIST_WORKER" not in os.environ:
-        folder = tmp_path_factory.mktemp(name)
-        make(folder)
-        return folder
-    common = tmp_path_factory.getbasetemp().parent
-    folder, done = common / name, common / f"{name}.done"
-    with open(common / f"{name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not done.exists():
-            shutil.rmtree(folder, ignore_errors=True)  # a worker that failed half way
-            folder.mkdir()
-            make(folder)
-            done.touch()
-    return folder
-
-
 @pytest.fixture(scope="package")
-def tiny_demo(tmp_path_factory) -> Path:
+def tiny_demo(made_once) -> Path:
     # The demo's own checkpoint settings; 4 iterations an epoch.
-    folder = shared(tmp_path_factory, "tiny_demo", lambda folder: write_tiny_demo(
+    folder = made_once("tiny_demo", lambda folder: write_tiny_demo(
         folder / "tiny_demo.py", f"{folder}/data/", num_train=16))
     return folder / "tiny_demo.py"
 
 
 @pytest.fixture(scope="package")
-def killed_run(tiny_demo, tmp_path_factory) -> Path:
+def killed_run(tiny_demo, made_once) -> Path:
     """tools/train.py on the demo for 2 epochs, killed after the first
     iteration of the second (three iterations before it could save)."""
-    return shared(tmp_path_factory, "killed", lambda folder: kill_in_epoch_2(
+    return made_once("killed", lambda folder: kill_in_epoch_2(
         tiny_demo, folder / "work")) / "work"
 
 
@@ -94,7 +71,7 @@ def kill_in_epoch_2(tiny_demo: Path, work_dir: Path) -> None:
 
 
 @pytest.fixture(scope="package")
-def resumed_run(killed_run, tiny_demo, tmp_path_factory) -> tuple[Path, str]:
+def resumed_run(killed_run, tiny_demo, made_once) -> tuple[Path, str]:
     """The killed run resumed with tools/train.py --resume: (work dir, log)."""
     def resume(folder: Path) -> None:
         work_dir = copy_run(killed_run, folder / "work")
@@ -103,5 +80,5 @@ def resumed_run(killed_run, tiny_demo, tmp_path_factory) -> tuple[Path, str]:
         assert done.returncode == 0, done.stdout[-4000:]
         (folder / "resume.log").write_text(done.stdout)
 
-    folder = shared(tmp_path_factory, "resumed", resume)
+    folder = made_once("resumed", resume)
     return folder / "work", (folder / "resume.log").read_text()
