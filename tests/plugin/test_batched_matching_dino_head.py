@@ -14,6 +14,7 @@ from mmengine.structures import InstanceData
 from torch.profiler import ProfilerActivity, profile
 
 from msda_mm.models import BatchedMatchingDINOHead
+from msda_mm.models.dino.matching import l1_distances
 
 from .detr_configs import build_detector, detr_model_cfg
 from .host_waits import count_host_waits
@@ -103,6 +104,20 @@ def test_targets_are_mmdets(costs, case, dtype):
     for seed in range(3):
         inputs = as_dtype(random_output(**CASES[case], seed=seed), dtype)
         assert_same_targets(head.get_targets(*inputs), mmdet_head.get_targets(*inputs))
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
+def test_l1_distances_are_cdists_in_at_least_fp32(dtype):
+    gen = torch.Generator().manual_seed(0)
+    rows, cols = torch.rand(37, 4, generator=gen), torch.rand(5, 4, generator=gen)
+    got = l1_distances(rows.to(dtype), cols.to(dtype))
+    # What autocast's cdist computes: the inputs rounded to dtype, then fp32 (fp64 kept).
+    expected = torch.cdist(rows.to(dtype).double(), cols.to(dtype).double(), p=1)
+    assert got.dtype == (torch.float64 if dtype == torch.float64 else torch.float32)
+    # Four terms summed in the result's dtype: a few of its ulps.
+    torch.testing.assert_close(got.double(), expected, rtol=4 * torch.finfo(got.dtype).eps,
+                               atol=0)
+    assert l1_distances(rows, cols[:0]).shape == (37, 0)
 
 
 @pytest.mark.parametrize("num_gts, ours_expected", [([3, 0, 2, 1], 1), ([5], 1), ([0, 0], 0)])

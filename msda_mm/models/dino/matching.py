@@ -80,6 +80,15 @@ def iou_cost(cost: IoUCost, boxes: Tensor, gt_boxes: Tensor) -> Tensor:
     return -(overlaps.half() if half else overlaps) * cost.weight
 
 
+def l1_distances(rows: Tensor, cols: Tensor) -> Tensor:
+    """(N, G) L1 distances between the rows of (N, K) ``rows`` and (G, K)
+    ``cols``, as ``torch.cdist(rows, cols, p=1)`` under autocast (at least
+    fp32), by broadcasting: CUDA's cdist gives each distance a thread block
+    of its own, 0.76 ms for the 7200 x 80 of a batch of 8 (H200)."""
+    dtype = torch.promote_types(torch.promote_types(rows.dtype, cols.dtype), torch.float32)
+    return (rows.to(dtype)[:, None] - cols.to(dtype)[None]).abs().sum(-1)
+
+
 def batch_cost(match_costs: Sequence, scores: Tensor, boxes: Tensor, row_factors: Tensor,
                gt_instances: InstanceData, gt_factors: Tensor) -> Tensor:
     """``match_costs`` (BATCHABLE_COSTS), summed as HungarianAssigner sums
@@ -108,9 +117,9 @@ def batch_cost(match_costs: Sequence, scores: Tensor, boxes: Tensor, row_factors
             # BBoxL1Cost's own division by that size would copy (1, 1, 1, 1)
             # to the device, a wait: skipped, as dividing by 1 changes nothing.
             to_format = bbox_xyxy_to_cxcywh if cost.box_format == "xywh" else torch.clone
-            costs.append(torch.cdist(to_format(boxes) / row_factors,
-                                     to_format(gt_instances.bboxes) / gt_factors,
-                                     p=1) * cost.weight)
+            costs.append(l1_distances(to_format(boxes) / row_factors,
+                                      to_format(gt_instances.bboxes) / gt_factors)
+                         * cost.weight)
         elif type(cost) is IoUCost:
             costs.append(iou_cost(cost, boxes, gt_instances.bboxes))
         else:
