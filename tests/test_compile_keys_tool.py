@@ -7,7 +7,7 @@ import sys
 import pytest
 from tool_runs import ROOT, tool_env
 
-from bench.step.compile_keys import parse_key
+from bench.step.compile_keys import main, parse_key
 
 
 def test_keys_are_four_positive_integers():
@@ -39,8 +39,9 @@ def test_a_new_canvas_compiles_once_and_later_ones_not():
         ("eager (no bucket)", 0),   # outside the buckets, eager: nothing either
         ("(3, 64, 64, 4)", 2),      # a new batch size: compiled again
     ], run.stdout
-    refused = subprocess.run([sys.executable, "-m", "bench.step.compile_keys",
-                              str(ROOT / "configs/synthetic/dino_tiny_cpu.py"), "--keys",
-                              "2,64,64,3"], cwd=ROOT, env=tool_env(), capture_output=True,
-                             text=True, timeout=300)
-    assert refused.returncode == 2 and "not a GraphedDINO config" in refused.stderr
+
+
+def test_a_config_without_canvases_is_refused(capsys):
+    with pytest.raises(SystemExit) as refused:
+        main([str(ROOT / "configs/synthetic/dino_tiny_cpu.py"), "--keys", "2,64,64,3"])
+    assert refused.value.code == 2 and "not a GraphedDINO config" in capsys.readouterr().err
