@@ -17,7 +17,7 @@ import torch
 from bench.op.inputs import CLUSTER_SIGMA_PX, make_inputs
 from bench.op.peers import PEERS
 from bench.op.presets import PRESETS, Preset, pyramid
-from bench.op.report import console_table
+from bench.op.report import console_table, write_json
 from bench.op.targets import apply_targets, load_targets
 from msda_mm.compat import MMCV_LITE
 from msda_mm.ops import msda_reference
@@ -130,6 +130,7 @@ def test_tool_smoke(tmp_path, capsys):
 
     result = json.loads((out / "cpu.json").read_text())
     assert {"device", "torch", "triton", "date", "command", "method"} <= result.keys()
+    assert result["finished"] is True and result["cells_planned"] == 2 * 2 * 3
     cells = result["cells"]
     assert len(cells) == 2 * 2 * 3  # dists x dtypes x impls
     ran = [c for c in cells if c["impl"] != "mmcv"]
@@ -146,6 +147,41 @@ def test_tool_smoke(tmp_path, capsys):
     assert len(rows) == len(cells)
     assert {"preset", "dist", "dtype", "impl", "fwd_us", "bwd_us", "max_err"} <= rows[0].keys()
     assert (out / "cpu.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_run_stopped_early_keeps_the_cells_it_finished(tmp_path, monkeypatch):
+    # Stopped (Ctrl-C here, a timeout's kill likewise) in its third cell.
+    import bench.op.run as run
+    cell, calls = run._cell, []
+
+    def stop_at_third(*args):
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return cell(*args)
+    monkeypatch.setattr(run, "_cell", stop_at_third)
+    out = tmp_path / "bench"
+    with pytest.raises(KeyboardInterrupt):
+        runpy.run_path(str(TOOL))["main"](["--device", "cpu", "--presets", "tiny", "--dtypes",
+                                           "fp32", "--impl", "msda_mm,reference",
+                                           "--budget-ms", "1", "--out", str(out)])
+    result = json.loads((out / "cpu.json").read_text())
+    assert result["finished"] is False and result["cells_planned"] == 2 * 1 * 2
+    assert [(c["dist"], c["impl"], c["status"]) for c in result["cells"]] == [
+        ("uniform", "msda_mm", "ok"), ("uniform", "reference", "ok")]
+    with (out / "cpu.csv").open() as f:
+        assert len(list(csv.DictReader(f))) == 2
+    assert sorted(p.name for p in out.iterdir()) == ["cpu.csv", "cpu.json"]
+
+
+def test_a_failed_write_leaves_the_last_whole_file(tmp_path):
+    path = tmp_path / "cells.json"
+    write_json(path, {"finished": False}, [{"impl": "msda_mm", "fwd_us": 1.0}])
+    with pytest.raises(TypeError):
+        write_json(path, {"finished": True}, [{"impl": "msda_mm", "fwd_us": object()}])
+    assert json.loads(path.read_text()) == {"finished": False,
+                                            "cells": [{"impl": "msda_mm", "fwd_us": 1.0}]}
+    assert [p.name for p in tmp_path.iterdir()] == ["cells.json"]
 
 
 def test_grad_loc_error_skips_samples_on_pixel_centre_lines():

@@ -8,8 +8,10 @@
     python tools/benchmark.py --presets encoder --impl msda_mm,msda_triton
 
 Writes <out>/<device-slug>.json, .csv and .png for each --out folder and
-prints a table.  Methods: bench/op/timing.py and cell.METHOD (copied
-into the JSON).
+prints a table.  The JSON and CSV are rewritten after every cell, so that a
+run stopped early keeps the cells it finished; the JSON says
+"finished": false until the run ends.  Methods: bench/op/timing.py and
+cell.METHOD (copied into the JSON).
 """
 from __future__ import annotations
 
@@ -97,7 +99,7 @@ def main(argv=None) -> int:
     from bench.op.cell import METHOD
     from bench.op.plot import plot_times
     from bench.op.report import console_table, slug, write_csv, write_json
-    from bench.op.run import Config, run_matrix
+    from bench.op.run import Config, matrix_size, run_matrix
     from bench.op.targets import apply_targets, load_targets
     from bench.op.timing import autograd_floor_us, graph_floor_us
     from msda_mm.parity.report import device_name, environment
@@ -105,23 +107,28 @@ def main(argv=None) -> int:
     targets = load_targets(args.targets) if args.targets else {}
     config = Config(args.presets, args.locations, args.dtypes, args.impl, args.device,
                     _ACCUM[args.fp32_grad_accum], args.budget_ms, args.seed)
-    start = time.perf_counter()
-    records = run_matrix(config, log=lambda line: print(line, flush=True))
-    apply_targets(records, targets)
+    name = device_name(args.device)
     meta = dict(environment(args.device),
                 command=shlex.join(["python", "tools/benchmark.py", *argv]),
                 config=dict(presets=args.presets, locations=args.locations, dtypes=args.dtypes,
                             impl=args.impl, fp32_grad_accum=args.fp32_grad_accum,
                             budget_ms=args.budget_ms, seed=args.seed, targets=targets),
-                wall_s=round(time.perf_counter() - start, 1), method=METHOD,
+                method=METHOD, cells_planned=matrix_size(config), finished=False)
+
+    def save(records: list[dict]) -> None:
+        apply_targets(records, targets)
+        for folder in args.out:
+            folder.mkdir(parents=True, exist_ok=True)
+            write_json(folder / f"{slug(name)}.json", meta, records)
+            write_csv(folder / f"{slug(name)}.csv", records)
+
+    start = time.perf_counter()
+    records = run_matrix(config, log=lambda line: print(line, flush=True), on_cell=save)
+    meta.update(finished=True, wall_s=round(time.perf_counter() - start, 1),
                 host_floor_fwdbwd_us=autograd_floor_us(args.device, args.budget_ms),
                 graph_floor_us=(graph_floor_us(args.device, args.budget_ms)
                                 if args.device.type == "cuda" else None))
-    name = device_name(args.device)
-    for folder in args.out:
-        folder.mkdir(parents=True, exist_ok=True)
-        write_json(folder / f"{slug(name)}.json", meta, records)
-        write_csv(folder / f"{slug(name)}.csv", records)
+    save(records)
     print(console_table(records))
     if meta["host_floor_fwdbwd_us"] is not None:
         print(f"host floor (x * 2 and its autograd.grad): {meta['host_floor_fwdbwd_us']:.1f} us")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import os
 import re
 import sys
 from collections import Counter
@@ -27,9 +28,22 @@ def _jsonable(value):
     return str(value) if isinstance(value, float) and not math.isfinite(value) else value
 
 
+def _replace(path: Path, write) -> None:
+    """``write(file)`` into a file beside ``path`` that then replaces it: a
+    run killed meanwhile leaves the last whole file, never half of one."""
+    part = path.with_name(path.name + ".part")
+    try:
+        with part.open("w", newline="") as f:
+            write(f)
+    except BaseException:
+        part.unlink(missing_ok=True)
+        raise
+    os.replace(part, path)
+
+
 def write_json(path: Path, meta: dict, records: list[dict]) -> None:
     cells = [{k: _jsonable(v) for k, v in r.items()} for r in records]
-    path.write_text(json.dumps(dict(meta, cells=cells), indent=1) + "\n")
+    _replace(path, lambda f: f.write(json.dumps(dict(meta, cells=cells), indent=1) + "\n"))
 
 
 def write_results(out: Path, device: torch.device, kind: str, cells: list[dict]) -> Path:
@@ -44,10 +58,12 @@ def write_results(out: Path, device: torch.device, kind: str, cells: list[dict])
 
 def write_csv(path: Path, records: list[dict]) -> None:
     fields = list(dict.fromkeys(k for r in records for k in r))
-    with path.open("w", newline="") as f:
+
+    def write(f):
         writer = csv.DictWriter(f, fields)
         writer.writeheader()
         writer.writerows(records)
+    _replace(path, write)
 
 
 def _num(spec: str):

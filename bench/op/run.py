@@ -77,11 +77,18 @@ def _cell(cfg: Config, preset: Preset, dist: str, dtype_name: str, impl: str,
     return record
 
 
-def run_matrix(cfg: Config, log: Callable[[str], None] = print) -> list[dict]:
+def matrix_size(cfg: Config) -> int:
+    """The number of cells in ``cfg``'s matrix."""
+    return len(cfg.presets) * len(cfg.distributions) * len(cfg.dtypes) * len(cfg.impls)
+
+
+def run_matrix(cfg: Config, log: Callable[[str], None] = print,
+               on_cell: Callable[[list[dict]], None] = lambda records: None) -> list[dict]:
     """Every cell of ``cfg``'s matrix, in order; failures are recorded in the
-    cell (status 'error', note) and the run goes on."""
+    cell (status 'error', note) and the run goes on.  ``on_cell(records)``
+    follows each cell, with the records so far."""
     records = []
-    total = len(cfg.presets) * len(cfg.distributions) * len(cfg.dtypes) * len(cfg.impls)
+    total = matrix_size(cfg)
     for preset in (PRESETS[name] for name in cfg.presets):
         for dist in cfg.distributions:
             host_inputs = make_inputs(preset, dist, cfg.seed)
@@ -101,6 +108,7 @@ def run_matrix(cfg: Config, log: Callable[[str], None] = print) -> list[dict]:
                              if "bwd_us" in record else "")
                     log(f"[{len(records)}/{total}] {preset.name} {dist} {dtype_name} {impl}: "
                         f"{record['status']}{times} ({time.perf_counter() - start:.1f} s)")
+                    on_cell(records)
                 del inputs, reference
                 _release(cfg.device)
     return records
