@@ -116,14 +116,17 @@ def main(argv=None) -> int:
                 method=METHOD, cells_planned=matrix_size(config), finished=False)
 
     def save(records: list[dict]) -> None:
-        apply_targets(records, targets)
         for folder in args.out:
             folder.mkdir(parents=True, exist_ok=True)
             write_json(folder / f"{slug(name)}.json", meta, records)
             write_csv(folder / f"{slug(name)}.csv", records)
 
+    def on_cell(records: list[dict]) -> None:
+        apply_targets(records[-1:], targets)  # the cells before have theirs
+        save(records)
+
     start = time.perf_counter()
-    records = run_matrix(config, log=lambda line: print(line, flush=True), on_cell=save)
+    records = run_matrix(config, log=lambda line: print(line, flush=True), on_cell=on_cell)
     meta.update(finished=True, wall_s=round(time.perf_counter() - start, 1),
                 host_floor_fwdbwd_us=autograd_floor_us(args.device, args.budget_ms),
                 graph_floor_us=(graph_floor_us(args.device, args.budget_ms)
