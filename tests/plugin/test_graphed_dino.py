@@ -197,7 +197,7 @@ def compare_with_eager(data, amp, lr, rtol, quiet_steps, monkeypatch, **model):
     theirs = []
     for i, batch in enumerate(data):
         start_from(graphed, ours_wrapper.optimizer, eager, their_wrapper.optimizer)
-        before = torch.cat([p.detach().flatten() for p in graphed.parameters()])
+        before = flat_parameters(graphed)
         theirs.append(eager.train_step(copy.deepcopy(batch), their_wrapper))
         if i in quiet_steps:
             torch.cuda.synchronize()
@@ -206,8 +206,7 @@ def compare_with_eager(data, amp, lr, rtol, quiet_steps, monkeypatch, **model):
             last = graphed.train_step(copy.deepcopy(batch), ours_wrapper)
         finally:
             torch.cuda.set_sync_debug_mode(0)
-        ours_update, their_update = (torch.cat([p.detach().flatten() for p in m.parameters()])
-                                     - before for m in (graphed, eager))
+        ours_update, their_update = (flat_parameters(m) - before for m in (graphed, eager))
         # Adam's update is about lr * sign(m) per element, so one element whose
         # gradient rounds to the other sign moves the norm by 2 / sqrt(8e6).
         assert (ours_update - their_update).norm() <= 1e-2 * their_update.norm(), i
@@ -216,6 +215,10 @@ def compare_with_eager(data, amp, lr, rtol, quiet_steps, monkeypatch, **model):
         ours = [*hub.get_scalar(f"train/{name}").data[0][-(len(data) - 1):], value]
         assert ours == pytest.approx([step[name] for step in theirs], rel=rtol, abs=1e-6), name
     return graphed, eager
+
+
+def flat_parameters(model) -> torch.Tensor:
+    return torch.cat([p.detach().flatten() for p in model.parameters()])
 
 
 def start_from(source, source_optimizer, target, target_optimizer) -> None:
