@@ -152,7 +152,8 @@ def test_replayed_steps_are_the_eager_steps_on_cuda(amp, lr, rtol, quiet_mmengin
     fifth step only); the capture is reported once, with its time."""
     messages = []
     monkeypatch.setattr(graphed_detector, "print_log", lambda msg, **_: messages.append(msg))
-    graphed, eager = compare_with_eager(batches(5), amp, lr, rtol, (2, 3), monkeypatch)
+    graphed, eager = compare_with_eager(batches(5), amp, lr, rtol, quiet_steps=(2, 3),
+                                        monkeypatch=monkeypatch)
     assert graphed.captured_keys == [(2, *CANVAS, CAP)]
     assert eager.captured_keys == []
     assert len(messages) == 1
@@ -169,8 +170,8 @@ def test_two_keys_replayed_in_turn_are_the_eager_steps_on_cuda(quiet_mmengine, m
         demo_mm_inputs(batch_size=2, image_shapes=[(3, 96, 80), (3, 80, 96)],
                        num_items=[2, 1 + i % 3], num_classes=6) for i in range(4)]
     data = [batch for pair in zip(small, large) for batch in pair]
-    graphed, _ = compare_with_eager(data, False, 1e-4, 1e-4, (4, 5, 6), monkeypatch,
-                                    canvas_sizes=[CANVAS, (96, 96)])
+    graphed, _ = compare_with_eager(data, amp=False, lr=1e-4, rtol=1e-4, quiet_steps=(4, 5, 6),
+                                    monkeypatch=monkeypatch, canvas_sizes=[CANVAS, (96, 96)])
     assert graphed.captured_keys == [(2, *CANVAS, CAP), (2, 96, 96, CAP)]
 
 
@@ -189,8 +190,9 @@ def compare_with_eager(data, amp, lr, rtol, quiet_steps, monkeypatch, **model):
         pytest.fail("GPU test run without CUDA")
     monkeypatch.setattr(torch.backends.cudnn, "deterministic", True)
     monkeypatch.setattr(torch.backends.cudnn, "benchmark", False)
-    graphed = tiny_graphed_dino("cuda", True, log_interval=len(data), **model)
-    eager = tiny_graphed_dino("cuda", True, log_interval=1, warmup_steps=10 ** 6, **model)
+    graphed = tiny_graphed_dino("cuda", deterministic=True, log_interval=len(data), **model)
+    eager = tiny_graphed_dino("cuda", deterministic=True, log_interval=1, warmup_steps=10 ** 6,
+                              **model)
     hub = MessageHub.get_instance(f"graphed_dino_replay_{len(data)}_{amp}")
     ours_wrapper, their_wrapper = (adamw_wrapper(m, amp=amp, lr=lr, fused=True)
                                    for m in (graphed, eager))
