@@ -55,6 +55,9 @@ fastest_model = dict(sync_free_model, bbox_head=compiled_losses_head)
 # The loader pins the images in its own thread; the preprocessor then copies
 # them without a wait and without packing their bytes once more.
 pinned_loader = dict(pin_memory=True)
+# Its workers stopped as the run ends: at exit torch 2.11 waits 5 s for each
+# persistent worker of a pinning loader (msda_mm/engine/stop_loader_workers_hook.py).
+stop_loader_workers_hook = dict(type='StopLoaderWorkersHook')
 # Every training step replayed from CUDA graphs (GraphedDINO, with the
 # fastest model's compiled losses, which save GPU time): each batch
 # padded to the smallest canvas and GT cap that hold it, the step captured

@@ -5,4 +5,5 @@ _base_ = './dino_r50_synthetic_bf16.py'
 model = {{_base_.fastest_model}}
 optim_wrapper = {{_base_.fast_optim_wrapper}}
 train_dataloader = {{_base_.pinned_loader}}
-custom_hooks = [dict(type='SyncBuffersHook'), {{_base_.compile_layers_hook}}]
+custom_hooks = [dict(type='SyncBuffersHook'), {{_base_.compile_layers_hook}},
+                {{_base_.stop_loader_workers_hook}}]

@@ -11,7 +11,7 @@ custom_imports = dict(imports=['msda_mm', 'msda_mm.datasets'], allow_failed_impo
 model = {{_base_.graphed_model}}
 optim_wrapper = {{_base_.fast_optim_wrapper}}
 model_wrapper_cfg = {{_base_.graphed_data_parallel}}
-custom_hooks = [{{_base_.compile_layers_hook}}]
+custom_hooks = [{{_base_.compile_layers_hook}}, {{_base_.stop_loader_workers_hook}}]
 
 data_root = 'data/synthetic_480x640/'
 dataset = dict(

@@ -8,6 +8,7 @@ from .graphed_data_parallel import GraphedDataParallel
 from .merged_groups_constructor import MergedGroupsOptimWrapperConstructor
 from .num_threads_hook import NumThreadsHook
 from .selective_amp_optim_wrapper import SelectiveAmpOptimWrapper
+from .stop_loader_workers_hook import StopLoaderWorkersHook, stop_loader_workers
 from .verified_backend import VerifiedLocalBackend
 from .verified_checkpoint_hook import VerifiedCheckpointHook
 
@@ -15,5 +16,6 @@ allow_mmengine_checkpoints()
 
 __all__ = ["CompileSubmodulesHook", "DamagedCheckpointError", "GraphedDataParallel",
            "MergedGroupsOptimWrapperConstructor",
-           "NumThreadsHook", "SelectiveAmpOptimWrapper", "VerifiedCheckpointHook",
-           "VerifiedLocalBackend", "checkpoint_problem", "compile_submodules", "keep_fp32"]
+           "NumThreadsHook", "SelectiveAmpOptimWrapper", "StopLoaderWorkersHook",
+           "VerifiedCheckpointHook", "VerifiedLocalBackend", "checkpoint_problem",
+           "compile_submodules", "keep_fp32", "stop_loader_workers"]

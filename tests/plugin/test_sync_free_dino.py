@@ -124,6 +124,8 @@ def test_sync_free_config_swaps_only_the_detector_preprocessor_and_loader_pinnin
     assert base["model"]["data_preprocessor"].pop("type") == "DetDataPreprocessor"
     assert ours["train_dataloader"].pop("pin_memory") is True
     assert "pin_memory" not in base["train_dataloader"]
+    # The pinning loader's persistent workers are stopped as the run ends.
+    assert ours["custom_hooks"].pop() == dict(type="StopLoaderWorkersHook")
     assert ours == base
 
 
