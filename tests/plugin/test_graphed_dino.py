@@ -175,6 +175,28 @@ def test_two_keys_replayed_in_turn_are_the_eager_steps_on_cuda(quiet_mmengine, m
     assert graphed.captured_keys == [(2, *CANVAS, CAP), (2, 96, 96, CAP)]
 
 
+@pytest.mark.gpu
+def test_replays_draw_fresh_denoising_noise_on_cuda(quiet_mmengine):
+    """mmdet's denoising noise on, learning rate 0, five steps on one batch
+    (eager, captured, replayed): every step draws other noise, so each
+    logs another denoising loss (a replay that reused its capture's draws
+    would log the same loss, bit for bit), while the matching queries,
+    which the attention mask keeps from the noised ones, log one loss."""
+    if not torch.cuda.is_available():
+        pytest.fail("GPU test run without CUDA")
+    model = tiny_graphed_dino("cuda", log_interval=1)
+    model.dn_query_generator.label_noise_scale = 0.5
+    model.dn_query_generator.box_noise_scale = 1.0
+    wrapper = adamw_wrapper(model, lr=0.0, fused=True)
+    batch = batches(1)[0]
+    logged = [model.train_step(copy.deepcopy(batch), wrapper) for _ in range(5)]
+    assert model.captured_keys == [(2, *CANVAS, CAP)]
+    dn_losses = [step["dn_loss_bbox"] for step in logged]
+    assert len(set(dn_losses)) == 5, dn_losses
+    for step in logged[1:]:
+        assert step["loss_bbox"] == pytest.approx(logged[0]["loss_bbox"], rel=1e-4)
+
+
 def compare_with_eager(data, amp, lr, rtol, quiet_steps, monkeypatch, **model):
     """Train a tiny GraphedDINO on ``data`` (logged once, at the end) beside an
     eager twin (never captured, logged every step) that starts each step
