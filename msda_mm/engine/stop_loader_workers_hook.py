@@ -39,7 +39,9 @@ class StopLoaderWorkersHook(Hook):
     priority = "LOWEST"
 
     def after_run(self, runner) -> None:
-        # The runner keeps a loop it never built as its config: left alone.
-        for loop in (runner._train_loop, runner._val_loop, runner._test_loop):
+        # mmengine's Runner keeps a loop it never built as its config (its
+        # train_loop property would build it now): only built loops are read.
+        for name in ("_train_loop", "_val_loop", "_test_loop"):
+            loop = getattr(runner, name, None)
             if isinstance(loop, BaseLoop):
                 stop_loader_workers(loop.dataloader)

@@ -50,6 +50,7 @@ def test_the_hook_stops_the_loops_the_run_built():
     StopLoaderWorkersHook().after_run(runner)
     assert not any(w.is_alive() for w in workers)
     assert runner._val_loop == dict(type="ValLoop")
+    StopLoaderWorkersHook().after_run(SimpleNamespace())  # a runner without these loops
 
 
 def test_it_is_registered_for_configs():
