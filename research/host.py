@@ -20,11 +20,14 @@ import contextlib
 import cProfile
 import io
 import pstats
-from typing import Callable
+import statistics
+import time
+from typing import Callable, Optional
 from unittest import mock
 
 import torch
 
+from bench.op.impls import bind
 from bench.op.inputs import MSDAInputs
 from bench.op.timing import autograd_floor_us, eager_times_us
 from msda_mm.ops import multi_scale_deformable_attention, resolve_fp32_grad_accum
@@ -173,3 +176,49 @@ def profile(fn: Callable[[], object], calls: int, top: int) -> str:
     text = io.StringIO()
     pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(top)
     return text.getvalue()
+
+
+def forward_backward(impl: str, inputs: MSDAInputs) -> Callable[[], tuple]:
+    """One eager forward + torch.autograd.grad of ``impl`` (its gradients for
+    value, sampling_locations and attention_weights), as bench/op/cell.py
+    times host_fwdbwd_us."""
+    fn = bind(impl, inputs)
+    args = tuple(t.detach().requires_grad_() for t in
+                 (inputs.value, inputs.sampling_locations, inputs.attention_weights))
+    return lambda: torch.autograd.grad(fn(*args), args, inputs.grad_output)
+
+
+def alternating_times_us(calls: dict[str, Callable[[], object]], reps: int,
+                         warmup: int = 20, clock: Callable[[], float] = time.thread_time,
+                         before: Optional[Callable[[], None]] = None
+                         ) -> dict[str, list[float]]:
+    """{name: us of each call} over ``reps`` rounds of one call of each of
+    ``calls``, the order reversed every other round (so that none always runs
+    right after another).  ``clock``: by default the CPU time of the calling
+    thread; ``before``: run ahead of each call, outside the timing (say a
+    device synchronisation, so that each call starts on an idle device)."""
+    for fn in calls.values():
+        for _ in range(warmup):
+            fn()
+    times: dict[str, list[float]] = {name: [] for name in calls}
+    order = list(calls)
+    for rep in range(reps):
+        for name in (order if rep % 2 == 0 else order[::-1]):
+            if before is not None:
+                before()
+            start = clock()
+            calls[name]()
+            times[name].append((clock() - start) * 1e6)
+    return times
+
+
+def tenth(times: list[float]) -> float:
+    """The 10th percentile: on a shared CPU, the calls least slowed by the
+    other processes' use of its caches."""
+    return sorted(times)[len(times) // 10]
+
+
+def paired_ratio(a: list[float], b: list[float]) -> float:
+    """Median over rounds of a's time over b's in the same round: the
+    machine's drift (other processes, clock) cancels out of each round."""
+    return statistics.median(x / y for x, y in zip(a, b))

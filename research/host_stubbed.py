@@ -45,7 +45,6 @@ import dataclasses
 import os
 import statistics
 import sys
-import time
 from pathlib import Path
 from typing import Callable, Optional
 from unittest import mock
@@ -58,12 +57,19 @@ import torch  # noqa: E402
 from triton.runtime.jit import KernelInterface  # noqa: E402
 
 from bench.op.cli import names  # noqa: E402
-from bench.op.impls import bind  # noqa: E402
 from bench.op.inputs import MSDAInputs, make_inputs  # noqa: E402
 from bench.op.peers import PEERS, peer_function, peer_unavailable  # noqa: E402
 from bench.op.presets import PRESETS  # noqa: E402
 from msda_mm.ops import op as msda_op  # noqa: E402
-from research.host import NoLaunch, no_launches, profile  # noqa: E402
+from research.host import (  # noqa: E402
+    NoLaunch,
+    alternating_times_us,
+    forward_backward,
+    no_launches,
+    paired_ratio,
+    profile,
+    tenth,
+)
 
 PEER = PEERS["msda_triton"]
 IMPLS = ("msda_mm", PEER.impl)
@@ -111,46 +117,6 @@ def cuda_path(peer_fn: Optional[Callable] = None):
         stack.enter_context(mock.patch.object(msda_op, "check_levels", lambda *args: None))
         stack.enter_context(mock.patch.dict(os.environ, {"TRITON_INTERPRET": "0"}))
         yield
-
-
-def forward_backward(impl: str, inputs: MSDAInputs) -> Callable[[], tuple]:
-    """One eager forward + torch.autograd.grad of ``impl`` (its gradients for
-    value, sampling_locations and attention_weights), as bench/op/cell.py
-    times host_fwdbwd_us."""
-    fn = bind(impl, inputs)
-    args = tuple(t.detach().requires_grad_() for t in
-                 (inputs.value, inputs.sampling_locations, inputs.attention_weights))
-    return lambda: torch.autograd.grad(fn(*args), args, inputs.grad_output)
-
-
-def alternating_times_us(calls: dict[str, Callable[[], object]], reps: int,
-                         warmup: int = 20) -> dict[str, list[float]]:
-    """{name: us of each call} over ``reps`` rounds of one call of each of
-    ``calls``, the order reversed every other round (so that none always runs
-    right after another); CPU time of the calling thread."""
-    for fn in calls.values():
-        for _ in range(warmup):
-            fn()
-    times: dict[str, list[float]] = {name: [] for name in calls}
-    order = list(calls)
-    for rep in range(reps):
-        for name in (order if rep % 2 == 0 else order[::-1]):
-            start = time.thread_time()
-            calls[name]()
-            times[name].append((time.thread_time() - start) * 1e6)
-    return times
-
-
-def tenth(times: list[float]) -> float:
-    """The 10th percentile: on a shared CPU, the calls least slowed by the
-    other processes' use of its caches."""
-    return sorted(times)[len(times) // 10]
-
-
-def paired_ratio(a: list[float], b: list[float]) -> float:
-    """Median over rounds of a's time over b's in the same round: the
-    machine's drift (other processes, clock) cancels out of each round."""
-    return statistics.median(x / y for x, y in zip(a, b))
 
 
 def parse_args(argv=None) -> argparse.Namespace:
