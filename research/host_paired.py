@@ -3,7 +3,7 @@ the peers' wrappers, measured repeatedly: in one process, calls alternating
 between the implementations, in blocks.
 
     python research/host_paired.py [--presets decoder,dino_decoder] [--dtypes fp32,fp16,bf16]
-        [--impl msda_mm,msda_triton] [--blocks 5] [--reps 200] [--warmup 20] [--json FILE]
+        [--impl msda_mm,msda_triton] [--blocks 5] [--reps 200] [--warmup 20] [--out DIR]
 
 Each call is what the benchmark's ``host_fwdbwd_us`` times (bench/op/cell.py):
 from a synchronised, idle device (L2 flushed) until ``torch.autograd.grad``
@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import statistics
 import sys
 import time
@@ -38,6 +37,7 @@ import torch  # noqa: E402
 from bench.op.cli import names  # noqa: E402
 from bench.op.impls import IMPLS, routed, unavailable  # noqa: E402
 from bench.op.presets import PRESETS  # noqa: E402
+from bench.op.report import write_results  # noqa: E402
 from bench.op.run import DTYPES, preset_inputs  # noqa: E402
 from bench.op.timing import flush_l2  # noqa: E402
 from research.host import alternating_times_us, forward_backward, paired_ratio  # noqa: E402
@@ -87,7 +87,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=20,
                         help="untimed calls of each before a cell's first block (default 20)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--json", type=Path, help="write the cells here too")
+    parser.add_argument("--out", type=Path, help="write <out>/<gpu>-host-paired.json too, "
+                        "rewritten after each cell")
     args = parser.parse_args(argv)
     if min(args.blocks, args.reps, args.warmup) < 1:
         parser.error("--blocks, --reps and --warmup must be >= 1")
@@ -125,8 +126,8 @@ def main(argv=None) -> int:
             print(f"{preset:13s} {dtype:5s} {impl:12s} {row['median_us']:8.1f} us "
                   f"(blocks {blocks}){versus}")
         del calls
-    if args.json:
-        args.json.write_text(json.dumps(dict(device=str(device), cells=cells), indent=1) + "\n")
+        if args.out:
+            write_results(args.out, device, "host-paired", cells)
     return 0
 
 

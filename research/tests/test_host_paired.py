@@ -32,17 +32,16 @@ def test_blocks_alternate_the_calls_and_warm_up_once():
 
 
 def test_tool_times_what_runs_and_reports_what_cannot(tmp_path, capsys):
-    out = tmp_path / "host.json"
     assert load("host_paired.py")["main"](
         ["--presets", "tiny", "--dtypes", "fp32", "--impl", "msda_mm,reference,mmcv_cuda",
          "--blocks", "2", "--reps", "1", "--warmup", "1", "--device", "cpu",
-         "--json", str(out)]) == 0
+         "--out", str(tmp_path)]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == "n/a   tiny fp32 mmcv_cuda: mmcv's op is CUDA only"
     assert lines[1].split()[:3] == ["tiny", "fp32", "msda_mm"]
     assert lines[2].split()[:3] == ["tiny", "fp32", "reference"]
     assert "msda_mm lower in" in lines[2] and lines[2].endswith("/2 blocks")
-    (cell,) = json.loads(out.read_text())["cells"]
+    (cell,) = json.loads((tmp_path / "cpu-host-paired.json").read_text())["cells"]
     assert list(cell["impls"]) == ["msda_mm", "reference"]
     assert len(cell["impls"]["reference"]["block_medians_us"]) == 2
 
