@@ -5,6 +5,7 @@ TRITON_INTERPRET must be set before msda_mm (and so the @triton.jit kernels)
 is imported, which is why it happens here and not in a fixture.
 """
 import functools
+import gc
 import os
 import shutil
 from pathlib import Path
@@ -71,6 +72,17 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def release_gpu_memory(request):
+    """After each GPU test the caching allocator's free blocks go back to the
+    device: processes sharing the GPU (pytest-xdist's workers) run out of
+    memory where one keeps a large test's cache (40 GB on an 80 GB card)."""
+    yield
+    if HAS_CUDA and "gpu" in request.keywords:
+        gc.collect()
+        torch.cuda.empty_cache()
 
 
 @pytest.fixture

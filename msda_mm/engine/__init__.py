@@ -1,5 +1,6 @@
 """Training-loop pieces for mmengine; importing registers them in mmdet's
 registries, and lets torch's weights-only loading read mmengine's checkpoints."""
+from .captured_steps import CaptureError
 from .checkpoint_allowlist import allow_mmengine_checkpoints
 from .checkpoint_integrity import DamagedCheckpointError, checkpoint_problem
 from .compile_submodules_hook import CompileSubmodulesHook, compile_submodules
@@ -14,8 +15,8 @@ from .verified_checkpoint_hook import VerifiedCheckpointHook
 
 allow_mmengine_checkpoints()
 
-__all__ = ["CompileSubmodulesHook", "DamagedCheckpointError", "GraphedDataParallel",
-           "MergedGroupsOptimWrapperConstructor",
+__all__ = ["CaptureError", "CompileSubmodulesHook", "DamagedCheckpointError",
+           "GraphedDataParallel", "MergedGroupsOptimWrapperConstructor",
            "NumThreadsHook", "SelectiveAmpOptimWrapper", "StopLoaderWorkersHook",
            "VerifiedCheckpointHook", "VerifiedLocalBackend", "checkpoint_problem",
            "compile_submodules", "keep_fp32", "stop_loader_workers"]

@@ -49,6 +49,38 @@ def check_capturable(optimizer: torch.optim.Optimizer) -> None:
                         f"(capturable=True); the optimizer is {type(optimizer).__name__}")
 
 
+class CaptureError(RuntimeError):
+    """A training step's capture failed; the message says why where that can
+    be told."""
+
+
+def _alloc_retries(device: torch.device) -> int:
+    return torch.cuda.memory_stats(device).get("num_alloc_retries", 0)
+
+
+def capture_graph(run: Callable[[], Tensor], pool, device: torch.device,
+                  key: Hashable) -> Tuple[torch.cuda.CUDAGraph, Tensor]:
+    """``run`` captured into a new graph of memory pool ``pool`` (None: a
+    new pool), and its output; a failed capture raises CaptureError naming
+    ``key`` and, where the allocator ran out of memory meanwhile, that cause."""
+    graph = torch.cuda.CUDAGraph()
+    retries = _alloc_retries(device)
+    try:
+        # thread_local: a DataLoader's pinning thread may call CUDA meanwhile.
+        with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
+            log = run()
+    except RuntimeError as exc:
+        # Out of memory, the allocator frees its cache, and a free ends a capture.
+        retried = _alloc_retries(device) - retries
+        why = (f"PyTorch's allocator ran out of GPU memory {retried} time(s) during the "
+               f"capture and freed its cache, which CUDA does not allow while capturing: "
+               f"free GPU memory (other processes, a smaller batch, fewer canvas sizes)"
+               if retried else f"{type(exc).__name__}: {exc}")
+        raise CaptureError(f"capturing the training step of shape key {key} failed: {why}. "
+                           f"This process cannot capture again; start the run anew") from exc
+    return graph, log
+
+
 @contextmanager
 def tensor_lrs(optimizer: torch.optim.Optimizer, lrs: List[Tensor]) -> Iterator[None]:
     """Each group's learning rate as its tensor of ``lrs`` while a step is
@@ -186,23 +218,21 @@ class CapturedSteps:
         self.optimizer.zero_grad(set_to_none=True)
         with tensor_lrs(self.optimizer, self._lrs):
             if self.reduce is None:
-                parts = [self._graph(lambda: self._step(batch))]
+                parts = [self._graph(lambda: self._step(batch), batch.key)]
                 grads = []
             else:
-                parts = [self._graph(lambda: self.backward(batch))]
+                parts = [self._graph(lambda: self.backward(batch), batch.key)]
                 # Held here: the pool keeps their memory for this key's graphs.
                 grads = self.grads()
-                parts.append(self._graph(self.update))
+                parts.append(self._graph(self.update, batch.key))
         captured = CapturedStep(inputs=batch, parts=parts, grads=grads)
         self._graphs[batch.key] = captured
         return self._replay(captured)  # capturing ran nothing: this batch's step
 
-    def _graph(self, run: Callable[[], Tensor]) -> Tuple[torch.cuda.CUDAGraph, Tensor]:
+    def _graph(self, run: Callable[[], Tensor],
+               key: Hashable) -> Tuple[torch.cuda.CUDAGraph, Tensor]:
         """``run`` captured into a graph of the shared pool, and its output."""
-        graph = torch.cuda.CUDAGraph()
-        # thread_local: a DataLoader's pinning thread may call CUDA meanwhile.
-        with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
-            log = run()
+        graph, log = capture_graph(run, self._pool, self._lrs[0].device, key)
         if self._pool is None:
             self._pool = graph.pool()
         return graph, log

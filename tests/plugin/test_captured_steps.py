@@ -1,7 +1,8 @@
 """CapturedSteps with a gradient reduction: it runs between backward and
 update on the optimizer's gradients (CPU, eagerly), and on CUDA between
 the two graphs' replays on the gradients the backward graph writes, the
-same steps as run eagerly (GPU test)."""
+same steps as run eagerly (GPU test); a failed capture names its key and
+cause."""
 from dataclasses import dataclass
 from typing import List
 
@@ -9,6 +10,7 @@ import pytest
 import torch
 from torch import Tensor, nn
 
+from msda_mm.engine import captured_steps
 from msda_mm.engine.captured_steps import CapturedSteps
 
 
@@ -117,3 +119,40 @@ def test_replays_reduce_the_gradients_their_backward_graph_writes():
     torch.testing.assert_close(logs, eager_logs, rtol=1e-5, atol=1e-6)
     for p, q in zip(params, eager_params):
         torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+
+
+class _FailingCapture:
+    """Stands in for torch.cuda.graph: the capture fails as it ends, as
+    CUDA reports an invalidated capture; ``retries`` of the allocator's
+    out-of-memory retries happen meanwhile."""
+
+    def __init__(self, stats: dict, retries: int) -> None:
+        self.stats, self.retries = stats, retries
+
+    def __call__(self, graph, pool=None, capture_error_mode="global"):
+        return self
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.stats["num_alloc_retries"] += self.retries
+        raise torch.AcceleratorError("CUDA error: operation failed due to a previous error "
+                                     "during capture")
+
+
+@pytest.mark.parametrize("retries, why", [
+    (2, "PyTorch.s allocator ran out of GPU memory 2 time\\(s\\) during the capture"),
+    (0, "AcceleratorError: CUDA error: operation failed due to a previous error"),
+])
+def test_a_failed_capture_names_its_key_and_cause(monkeypatch, retries, why):
+    """A capture that fails says which shape key's, and, where the
+    allocator ran out of memory meanwhile (its cache freed, which ends a
+    capture), that cause; otherwise CUDA's error."""
+    stats = {"num_alloc_retries": 5}
+    monkeypatch.setattr(captured_steps.torch.cuda, "CUDAGraph", lambda: None)
+    monkeypatch.setattr(captured_steps.torch.cuda, "memory_stats", lambda device: stats)
+    monkeypatch.setattr(captured_steps.torch.cuda, "graph", _FailingCapture(stats, retries))
+    with pytest.raises(captured_steps.CaptureError,
+                       match=f"shape key \\(2, 4\\) failed: {why}.*start the run anew"):
+        captured_steps.capture_graph(lambda: torch.zeros(1), None, torch.device("cpu"), (2, 4))
