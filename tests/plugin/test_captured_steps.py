@@ -1,7 +1,8 @@
 """CapturedSteps with a gradient reduction: it runs between backward and
 update on the optimizer's gradients (CPU, eagerly), and on CUDA between
 the two graphs' replays on the gradients the backward graph writes, the
-same steps as run eagerly (GPU test); a failed capture names its key and
+same steps as run eagerly (GPU test); replays update with the learning
+rates set since the capture (GPU test); a failed capture names its key and
 cause."""
 from dataclasses import dataclass
 from typing import List
@@ -119,6 +120,37 @@ def test_replays_reduce_the_gradients_their_backward_graph_writes():
     torch.testing.assert_close(logs, eager_logs, rtol=1e-5, atol=1e-6)
     for p, q in zip(params, eager_params):
         torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fused", [False, True], ids=["foreach", "fused"])
+def test_replays_update_with_the_learning_rates_set_since_the_capture(fused):
+    """Two parameter groups whose learning rates change before every step,
+    as a warm-up and a decay change them: each replay of the one captured
+    key updates with the rates set before it, as the same steps run
+    eagerly do (a replay that kept the capture's rates would move the
+    parameters 10 to 100 times too far or too little)."""
+    if not torch.cuda.is_available():
+        pytest.fail("GPU test run without CUDA")
+    rates = [(0.1 * (i + 1) / 6, 0.01 * (i + 1) / 6) for i in range(6)] + [(1e-3, 1e-4)] * 2
+    runs = []
+    for capture in (True, False):
+        toy = ToyStep("cuda")
+        weight, bias = toy.model.weight, toy.model.bias
+        toy.optimizer = torch.optim.AdamW([dict(params=[weight]), dict(params=[bias])],
+                                          lr=0.1, weight_decay=0.05, fused=fused)
+        steps = CapturedSteps(toy.backward, toy.update, toy.optimizer)
+        params = []
+        for batch, lrs in zip(toy_batches("cuda", [3] * len(rates)), rates):
+            for group, lr in zip(toy.optimizer.param_groups, lrs):
+                group["lr"] = lr
+            steps(batch, capture=capture)
+            params.append(torch.cat([weight.detach().flatten(), bias.detach()]))
+        runs.append((torch.stack(params), steps.keys))
+    (params, keys), (eager_params, eager_keys) = runs
+    assert keys == [(3, 4)] and eager_keys == []
+    torch.testing.assert_close(params, eager_params, rtol=1e-5, atol=1e-6)
 
 
 class _FailingCapture:
