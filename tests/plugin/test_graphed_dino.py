@@ -175,6 +175,35 @@ def test_two_keys_replayed_in_turn_are_the_eager_steps_on_cuda(quiet_mmengine, m
     assert graphed.captured_keys == [(2, *CANVAS, CAP), (2, 96, 96, CAP)]
 
 
+def evaluate(model) -> None:
+    """One eager prediction on images of other sizes than the training
+    canvas, in eval mode, as a run evaluates between epochs."""
+    data = model.data_preprocessor(demo_mm_inputs(
+        batch_size=2, image_shapes=[(3, 80, 96), (3, 64, 48)], num_items=[2, 1],
+        num_classes=6), False)
+    model.eval()
+    with torch.no_grad():
+        model.predict(data["inputs"], data["data_samples"])
+    model.train()
+
+
+def test_the_evaluation_helper_predicts_and_leaves_training_on(reference_backend, quiet_mmengine):
+    model = tiny_graphed_dino()
+    evaluate(model)
+    assert model.training
+
+
+@pytest.mark.gpu
+def test_evaluations_between_replays_leave_them_the_eager_steps_on_cuda(quiet_mmengine,
+                                                                       monkeypatch):
+    """An evaluation after the capture and another between replays (eager,
+    other image sizes, its own allocations and level tensors): each later
+    replay still logs and updates what the same step run eagerly does."""
+    compare_with_eager(batches(6), amp=False, lr=1e-4, rtol=1e-4, quiet_steps=(2, 4),
+                       monkeypatch=monkeypatch,
+                       after_step=lambda model, i: evaluate(model) if i in (1, 3) else None)
+
+
 @pytest.mark.gpu
 def test_replays_draw_fresh_denoising_noise_on_cuda(quiet_mmengine):
     """mmdet's denoising noise on, learning rate 0, five steps on one batch
@@ -197,12 +226,14 @@ def test_replays_draw_fresh_denoising_noise_on_cuda(quiet_mmengine):
         assert step["loss_bbox"] == pytest.approx(logged[0]["loss_bbox"], rel=1e-4)
 
 
-def compare_with_eager(data, amp, lr, rtol, quiet_steps, monkeypatch, **model):
+def compare_with_eager(data, amp, lr, rtol, quiet_steps, monkeypatch, after_step=None,
+                       **model):
     """Train a tiny GraphedDINO on ``data`` (logged once, at the end) beside an
     eager twin (never captured, logged every step) that starts each step
     from the graphed model's parameters and optimizer state; assert that
     each step logs the same values and makes the same update, and that the
     ``quiet_steps`` of the graphed run wait nowhere on the device.
+    ``after_step(graphed, i)``, if given, runs after the graphed model's step i.
 
     Step by step from one state, with deterministic MSDA and cuDNN kernels,
     so that no rounding difference carries over between steps, where Adam's
@@ -231,6 +262,8 @@ def compare_with_eager(data, amp, lr, rtol, quiet_steps, monkeypatch, **model):
         finally:
             torch.cuda.set_sync_debug_mode(0)
         ours_update, their_update = (flat_parameters(m) - before for m in (graphed, eager))
+        if after_step is not None:
+            after_step(graphed, i)
         # Adam's update is about lr * sign(m) per element, so one element whose
         # gradient rounds to the other sign moves the norm by 2 / sqrt(8e6).
         assert (ours_update - their_update).norm() <= 1e-2 * their_update.norm(), i
