@@ -11,6 +11,7 @@ from mmengine.config import Config
 from mmengine.logging import MessageHub
 from mmengine.optim import AmpOptimWrapper, OptimWrapper
 
+from msda_mm.engine import compile_submodules
 from msda_mm.models import GraphedDINO
 from msda_mm.models.dino import graphed_detector
 from msda_mm.models.dino.padded_batch import pad_batch
@@ -19,14 +20,17 @@ from .detr_configs import build_detector
 from .test_sync_free_dino import CONFIGS
 
 CANVAS, CAP = (64, 64), 4
+# What the graphed configs' CompileSubmodulesHook compiles.
+COMPILED_LAYERS = Config.fromfile(str(CONFIGS / "_recipe.py")).compile_layers_hook["modules"]
 
 
-def tiny_graphed_dino(device: str = "cpu", deterministic: bool = False,
+def tiny_graphed_dino(device: str = "cpu", deterministic: bool = False, compiled: bool = False,
                       **kwargs) -> GraphedDINO:
     """The CPU demo's DINO as GraphedDINO on one bucket (64 x 64, 4 boxes);
     the denoising noise all but off, so that the random draws (which a
     replay makes otherwise than an eager step) change nothing;
-    ``deterministic``: the MSDA layers sum grad_value without atomics."""
+    ``deterministic``: the MSDA layers sum grad_value without atomics;
+    ``compiled``: the graphed configs' compiled losses and layers."""
     model = Config.fromfile(str(CONFIGS / "synthetic" / "dino_tiny_cpu.py")).model
     model.type = "GraphedDINO"
     model.data_preprocessor.type = "SyncFreeDetDataPreprocessor"
@@ -34,10 +38,13 @@ def tiny_graphed_dino(device: str = "cpu", deterministic: bool = False,
     model.dn_cfg.update(label_noise_scale=0.0, box_noise_scale=1e-9)
     model.encoder.layer_cfg.self_attn_cfg.deterministic = deterministic
     model.decoder.layer_cfg.cross_attn_cfg.deterministic = deterministic
+    model.bbox_head.compile_losses = compiled
     model.update(dict(dict(canvas_sizes=[CANVAS], gt_caps=[CAP]), **kwargs))
     torch.manual_seed(0)
     detector = build_detector(model)
     detector.init_weights()
+    if compiled:
+        compile_submodules(detector, COMPILED_LAYERS)
     return detector.to(device).train()
 
 
@@ -173,6 +180,15 @@ def test_two_keys_replayed_in_turn_are_the_eager_steps_on_cuda(quiet_mmengine, m
     graphed, _ = compare_with_eager(data, amp=False, lr=1e-4, rtol=1e-4, quiet_steps=(4, 5, 6),
                                     monkeypatch=monkeypatch, canvas_sizes=[CANVAS, (96, 96)])
     assert graphed.captured_keys == [(2, *CANVAS, CAP), (2, 96, 96, CAP)]
+
+
+@pytest.mark.gpu
+def test_the_compiled_recipe_replays_the_eager_steps_on_cuda(quiet_mmengine, monkeypatch):
+    """The graphed configs' recipe, its losses and transformer layers
+    compiled by torch.compile and captured with the rest: each replay logs
+    and updates what the same compiled step run eagerly does."""
+    compare_with_eager(batches(5), amp=False, lr=1e-4, rtol=1e-4, quiet_steps=(2, 3),
+                       monkeypatch=monkeypatch, compiled=True)
 
 
 def evaluate(model) -> None:
