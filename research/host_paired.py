@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import statistics
 import sys
 import time
@@ -39,7 +40,7 @@ from bench.op.impls import IMPLS, routed, unavailable  # noqa: E402
 from bench.op.presets import PRESETS  # noqa: E402
 from bench.op.report import write_results  # noqa: E402
 from bench.op.run import DTYPES, preset_inputs  # noqa: E402
-from bench.op.timing import flush_l2  # noqa: E402
+from bench.op.timing import flushed_and_idle  # noqa: E402
 from research.host import alternating_times_us, forward_backward, paired_ratio  # noqa: E402
 
 
@@ -48,13 +49,9 @@ def cell_times(calls: dict, device: torch.device, blocks: int, reps: int,
     """[{name: us of each call}] for each of ``blocks`` blocks of ``reps``
     alternating rounds of ``calls``, each call on an idle device, after
     ``warmup`` untimed calls of each (compilation, autotuning, allocator)."""
-    def idle():
-        flush_l2(device)
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-
     return [alternating_times_us(calls, reps, warmup=warmup if block == 0 else 0,
-                                 clock=time.perf_counter, before=idle)
+                                 clock=time.perf_counter,
+                                 before=functools.partial(flushed_and_idle, device))
             for block in range(blocks)]
 
 

@@ -44,6 +44,13 @@ def _synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def flushed_and_idle(device: torch.device) -> None:
+    """Evict the L2 of ``device`` and wait until it has finished all its work:
+    where each timed call starts."""
+    flush_l2(device)
+    _synchronize(device)
+
+
 def _reps(estimate_s: float, budget_ms: float) -> int:
     return int(min(MAX_REPS, max(MIN_REPS, budget_ms * 1e-3 / max(estimate_s, 1e-9))))
 
@@ -103,8 +110,7 @@ def kernel_spans(fn: Callable[[], object], device: torch.device,
     _synchronize(device)
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(reps):
-            flush_l2(device)
-            _synchronize(device)
+            flushed_and_idle(device)
             fn()
             _synchronize(device)
     return sorted((e.start_ns(), e.duration_ns(), e.name())
@@ -153,8 +159,7 @@ def eager_times_us(fn: Callable[[], object], device: torch.device,
     where both are the same.
     """
     def one() -> tuple[float, float]:
-        flush_l2(device)
-        _synchronize(device)
+        flushed_and_idle(device)
         t0 = time.perf_counter()
         result = fn()
         t1 = time.perf_counter()
