@@ -3,6 +3,7 @@ log_interval steps what the step computed; on CUDA (GPU tests) a step
 replayed from its graph gives the losses and parameters of the same step run
 eagerly, and waits nowhere on the device between log reads."""
 import copy
+import uuid
 
 import pytest
 import torch
@@ -25,17 +26,17 @@ COMPILED_LAYERS = Config.fromfile(str(CONFIGS / "_recipe.py")).compile_layers_ho
 
 
 def tiny_graphed_dino(device: str = "cpu", deterministic: bool = False, compiled: bool = False,
-                      **kwargs) -> GraphedDINO:
+                      noise: bool = False, **kwargs) -> GraphedDINO:
     """The CPU demo's DINO as GraphedDINO on one bucket (64 x 64, 4 boxes);
-    the denoising noise all but off, so that the random draws (which a
-    replay makes otherwise than an eager step) change nothing;
+    the denoising noise all but off unless ``noise`` (mmdet's scales);
     ``deterministic``: the MSDA layers sum grad_value without atomics;
     ``compiled``: the graphed configs' compiled losses and layers."""
     model = Config.fromfile(str(CONFIGS / "synthetic" / "dino_tiny_cpu.py")).model
     model.type = "GraphedDINO"
     model.data_preprocessor.type = "SyncFreeDetDataPreprocessor"
     model.bbox_head.type = "BatchedMatchingDINOHead"
-    model.dn_cfg.update(label_noise_scale=0.0, box_noise_scale=1e-9)
+    if not noise:
+        model.dn_cfg.update(label_noise_scale=0.0, box_noise_scale=1e-9)
     model.encoder.layer_cfg.self_attn_cfg.deterministic = deterministic
     model.decoder.layer_cfg.cross_attn_cfg.deterministic = deterministic
     model.bbox_head.compile_losses = compiled
@@ -220,6 +221,16 @@ def test_evaluations_between_replays_leave_them_the_eager_steps_on_cuda(quiet_mm
                        after_step=lambda model, i: evaluate(model) if i in (1, 3) else None)
 
 
+@pytest.mark.gpu
+def test_replays_with_denoising_noise_are_the_eager_steps_on_cuda(quiet_mmengine, monkeypatch):
+    """mmdet's denoising noise on: a replay draws what the eager step draws
+    from the same state of the generator, so each step logs and updates
+    what the same step run eagerly does; a replay whose noise were drawn
+    otherwise (other offsets, or shared between its draws) would not."""
+    compare_with_eager(batches(5), amp=False, lr=1e-4, rtol=1e-4, quiet_steps=(2, 3),
+                       monkeypatch=monkeypatch, noise=True)
+
+
 def test_strays_names_a_small_tensor_left_out_of_an_update():
     model = torch.nn.Sequential(torch.nn.Linear(512, 512), torch.nn.Linear(512, 16))
     lr = 1e-4
@@ -243,9 +254,7 @@ def test_replays_draw_fresh_denoising_noise_on_cuda(quiet_mmengine):
     which the attention mask keeps from the noised ones, log one loss."""
     if not torch.cuda.is_available():
         pytest.fail("GPU test run without CUDA")
-    model = tiny_graphed_dino("cuda", log_interval=1)
-    model.dn_query_generator.label_noise_scale = 0.5
-    model.dn_query_generator.box_noise_scale = 1.0
+    model = tiny_graphed_dino("cuda", log_interval=1, noise=True)
     wrapper = adamw_wrapper(model, lr=0.0, fused=True)
     batch = batches(1)[0]
     logged = [model.train_step(copy.deepcopy(batch), wrapper) for _ in range(5)]
@@ -265,10 +274,12 @@ def compare_with_eager(data, amp, lr, rtol, quiet_steps, monkeypatch, after_step
     ``quiet_steps`` of the graphed run wait nowhere on the device.
     ``after_step(graphed, i)``, if given, runs after the graphed model's step i.
 
-    Step by step from one state, with deterministic MSDA and cuDNN kernels,
-    so that no rounding difference carries over between steps, where Adam's
-    normalised updates and the matching's near ties would grow it past any
-    tolerance that still tells a wrong replay.  Returns (graphed, twin)."""
+    Step by step from one state (parameters, optimizer state and CUDA's
+    random generator, so that the denoising noise is the same draws), with
+    deterministic MSDA and cuDNN kernels, so that no rounding difference
+    carries over between steps, where Adam's normalised updates and the
+    matching's near ties would grow it past any tolerance that still tells
+    a wrong replay.  Returns (graphed, twin)."""
     if not torch.cuda.is_available():
         pytest.fail("GPU test run without CUDA")
     monkeypatch.setattr(torch.backends.cudnn, "deterministic", True)
@@ -276,14 +287,17 @@ def compare_with_eager(data, amp, lr, rtol, quiet_steps, monkeypatch, after_step
     graphed = tiny_graphed_dino("cuda", deterministic=True, log_interval=len(data), **model)
     eager = tiny_graphed_dino("cuda", deterministic=True, log_interval=1, warmup_steps=10 ** 6,
                               **model)
-    hub = MessageHub.get_instance(f"graphed_dino_replay_{len(data)}_{amp}")
+    # A new hub, which becomes the current one that the graphed model logs to.
+    hub = MessageHub.get_instance(f"graphed_dino_replay_{uuid.uuid4().hex}")
     ours_wrapper, their_wrapper = (adamw_wrapper(m, amp=amp, lr=lr, fused=True)
                                    for m in (graphed, eager))
     theirs = []
     for i, batch in enumerate(data):
         start_from(graphed, ours_wrapper.optimizer, eager, their_wrapper.optimizer)
         before = flat_parameters(graphed)
+        draws = torch.cuda.get_rng_state()
         theirs.append(eager.train_step(copy.deepcopy(batch), their_wrapper))
+        torch.cuda.set_rng_state(draws)
         if i in quiet_steps:
             torch.cuda.synchronize()
             torch.cuda.set_sync_debug_mode("error")
