@@ -192,22 +192,26 @@ def test_the_compiled_recipe_replays_the_eager_steps_on_cuda(quiet_mmengine, mon
                        monkeypatch=monkeypatch, compiled=True)
 
 
-def evaluate(model) -> None:
-    """One eager prediction on images of other sizes than the training
-    canvas, in eval mode, as a run evaluates between epochs."""
+def evaluate(model) -> list:
+    """One eager prediction on images of another size than the training
+    canvas and of its size, in eval mode, as a run evaluates between
+    epochs: each image's (scores, labels, bboxes)."""
     data = model.data_preprocessor(demo_mm_inputs(
-        batch_size=2, image_shapes=[(3, 80, 96), (3, 64, 48)], num_items=[2, 1],
+        batch_size=2, image_shapes=[(3, 80, 96), (3, *CANVAS)], num_items=[2, 1],
         num_classes=6), False)
     model.eval()
     with torch.no_grad():
-        model.predict(data["inputs"], data["data_samples"])
+        samples = model.predict(data["inputs"], data["data_samples"])
     model.train()
+    return [(p.pred_instances.scores, p.pred_instances.labels, p.pred_instances.bboxes)
+            for p in samples]
 
 
 def test_the_evaluation_helper_predicts_and_leaves_training_on(reference_backend, quiet_mmengine):
     model = tiny_graphed_dino()
-    evaluate(model)
+    predictions = evaluate(model)
     assert model.training
+    assert len(predictions) == 2 and all(len(scores) > 0 for scores, _, _ in predictions)
 
 
 @pytest.mark.gpu
@@ -215,10 +219,16 @@ def test_evaluations_between_replays_leave_them_the_eager_steps_on_cuda(quiet_mm
                                                                        monkeypatch):
     """An evaluation after the capture and another between replays (eager,
     other image sizes, its own allocations and level tensors): each later
-    replay still logs and updates what the same step run eagerly does."""
-    compare_with_eager(batches(6), amp=False, lr=1e-4, rtol=1e-4, quiet_steps=(2, 4),
-                       monkeypatch=monkeypatch,
-                       after_step=lambda model, i: evaluate(model) if i in (1, 3) else None)
+    replay still logs and updates what the same step run eagerly does, and
+    the replayed model, evaluated at the end, predicts what the eager twin
+    predicts with the same parameters and buffers."""
+    graphed, twin = compare_with_eager(
+        batches(6), amp=False, lr=1e-4, rtol=1e-4, quiet_steps=(2, 4), monkeypatch=monkeypatch,
+        after_step=lambda model, i: evaluate(model) if i in (1, 3) else None)
+    twin.load_state_dict(graphed.state_dict())
+    for ours, theirs in zip(evaluate(graphed), evaluate(twin), strict=True):
+        for mine, other in zip(ours, theirs, strict=True):
+            torch.testing.assert_close(mine, other, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.gpu
