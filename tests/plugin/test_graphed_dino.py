@@ -280,7 +280,8 @@ def compare_with_eager(data, amp, lr, rtol, quiet_steps, monkeypatch, after_step
     """Train a tiny GraphedDINO on ``data`` (logged once, at the end) beside an
     eager twin (never captured, logged every step) that starts each step
     from the graphed model's parameters and optimizer state; assert that
-    each step logs the same values and makes the same update, and that the
+    each step logs the same values and makes the same update (parameters
+    and buffers: the BN layers' running statistics), and that the
     ``quiet_steps`` of the graphed run wait nowhere on the device.
     ``after_step(graphed, i)``, if given, runs after the graphed model's step i.
 
@@ -322,6 +323,10 @@ def compare_with_eager(data, amp, lr, rtol, quiet_steps, monkeypatch, after_step
         # gradient rounds to the other sign moves the norm by 2 / sqrt(8e6).
         assert (ours_update - their_update).norm() <= 1e-2 * their_update.norm(), i
         assert not strays(graphed, ours_update, their_update, lr), i
+        # The BN layers train: a replay must move their running statistics too.
+        for (name, mine), other in zip(graphed.named_buffers(), eager.buffers(), strict=True):
+            torch.testing.assert_close(mine, other, rtol=1e-4, atol=1e-6,
+                                       msg=lambda text, at=f"step {i}, {name}": f"{at}: {text}")
     assert set(last) == set(theirs[-1]) and {"loss", "grad_norm", "dn_loss_cls"} <= set(last)
     for name, value in last.items():
         ours = [*hub.get_scalar(f"train/{name}").data[0][-(len(data) - 1):], value]
