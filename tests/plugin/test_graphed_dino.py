@@ -231,6 +231,19 @@ def test_evaluations_between_replays_leave_them_the_eager_steps_on_cuda(quiet_mm
             torch.testing.assert_close(mine, other, rtol=1e-5, atol=1e-5)
 
 
+# The graphed configs' MSDA backward: grad_value summed by atomics (native bf16
+# ones under bf16 AMP on sm_90) right behind its fill, which a graph captures
+# with the fill's early launch of the backward (PDL).
+@pytest.mark.parametrize("amp, lr, rtol", [(False, 1e-4, 1e-4), (True, 0.0, 1e-2)],
+                         ids=["fp32", "bf16"])
+@pytest.mark.gpu
+def test_replays_with_the_atomic_backward_are_the_eager_steps_on_cuda(amp, lr, rtol,
+                                                                      quiet_mmengine,
+                                                                      monkeypatch):
+    compare_with_eager(batches(5), amp, lr, rtol, quiet_steps=(2, 3), monkeypatch=monkeypatch,
+                       atomics=True)
+
+
 @pytest.mark.gpu
 def test_replays_with_denoising_noise_are_the_eager_steps_on_cuda(quiet_mmengine, monkeypatch):
     """mmdet's denoising noise on: a replay draws what the eager step draws
@@ -276,7 +289,7 @@ def test_replays_draw_fresh_denoising_noise_on_cuda(quiet_mmengine):
 
 
 def compare_with_eager(data, amp, lr, rtol, quiet_steps, monkeypatch, after_step=None,
-                       **model):
+                       atomics=False, **model):
     """Train a tiny GraphedDINO on ``data`` (logged once, at the end) beside an
     eager twin (never captured, logged every step) that starts each step
     from the graphed model's parameters and optimizer state; assert that
@@ -287,17 +300,20 @@ def compare_with_eager(data, amp, lr, rtol, quiet_steps, monkeypatch, after_step
 
     Step by step from one state (parameters, optimizer state and CUDA's
     random generator, so that the denoising noise is the same draws), with
-    deterministic MSDA and cuDNN kernels, so that no rounding difference
-    carries over between steps, where Adam's normalised updates and the
-    matching's near ties would grow it past any tolerance that still tells
-    a wrong replay.  Returns (graphed, twin)."""
+    deterministic MSDA and cuDNN kernels (``atomics``: the MSDA backward
+    that training runs, grad_value summed by atomics behind its fill), so
+    that no rounding difference carries over between steps, where Adam's
+    normalised updates and the matching's near ties would grow it past any
+    tolerance that still tells a wrong replay.  Returns (graphed, twin)."""
     if not torch.cuda.is_available():
         pytest.fail("GPU test run without CUDA")
     monkeypatch.setattr(torch.backends.cudnn, "deterministic", True)
     monkeypatch.setattr(torch.backends.cudnn, "benchmark", False)
-    graphed = tiny_graphed_dino("cuda", deterministic=True, log_interval=len(data), **model)
-    eager = tiny_graphed_dino("cuda", deterministic=True, log_interval=1, warmup_steps=10 ** 6,
-                              **model)
+    deterministic = not atomics
+    graphed = tiny_graphed_dino("cuda", deterministic=deterministic, log_interval=len(data),
+                                **model)
+    eager = tiny_graphed_dino("cuda", deterministic=deterministic, log_interval=1,
+                              warmup_steps=10 ** 6, **model)
     # A new hub, which becomes the current one that the graphed model logs to.
     hub = MessageHub.get_instance(f"graphed_dino_replay_{uuid.uuid4().hex}")
     ours_wrapper, their_wrapper = (adamw_wrapper(m, amp=amp, lr=lr, fused=True)
@@ -327,6 +343,15 @@ def compare_with_eager(data, amp, lr, rtol, quiet_steps, monkeypatch, after_step
         for (name, mine), other in zip(graphed.named_buffers(), eager.buffers(), strict=True):
             torch.testing.assert_close(mine, other, rtol=1e-4, atol=1e-6,
                                        msg=lambda text, at=f"step {i}, {name}": f"{at}: {text}")
+        # Each parameter's (clipped) gradient, which Adam's update hides where
+        # it is small; with two keys .grad holds the later capture's tensors.
+        if len(graphed.captured_keys) <= 1:
+            for (name, mine), other in zip(graphed.named_parameters(), eager.parameters(),
+                                           strict=True):
+                assert (mine.grad is None) == (other.grad is None), (i, name)
+                if mine.grad is not None:
+                    error = (mine.grad - other.grad).norm() / other.grad.norm().clamp_min(1e-12)
+                    assert error <= 10 * rtol, (i, name, error.item())
     assert set(last) == set(theirs[-1]) and {"loss", "grad_norm", "dn_loss_cls"} <= set(last)
     for name, value in last.items():
         ours = [*hub.get_scalar(f"train/{name}").data[0][-(len(data) - 1):], value]
