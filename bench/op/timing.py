@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import statistics
 import time
-from typing import Callable, Optional
+from typing import Callable, Optional, TypeVar
 
 import torch
+
+T = TypeVar("T")
 
 _FLUSH_BYTES = 256 << 20  # > 4x the L2 of any current NVIDIA GPU
 
@@ -55,8 +57,9 @@ def _reps(estimate_s: float, budget_ms: float) -> int:
     return int(min(MAX_REPS, max(MIN_REPS, budget_ms * 1e-3 / max(estimate_s, 1e-9))))
 
 
-def capture_graph(fn: Callable[[], object]) -> torch.cuda.CUDAGraph:
-    """A CUDA graph of one call of ``fn`` (its outputs live in the graph's pool)."""
+def capture_graph(fn: Callable[[], T]) -> tuple[torch.cuda.CUDAGraph, T]:
+    """A CUDA graph of one call of ``fn``, and that call's output, which
+    lives in the graph's pool: each replay writes it anew."""
     # One eager call on a side stream first, as torch.cuda.graphs requires:
     # lazy initialisation (autograd, allocator, Triton's launcher) must not be
     # captured.
@@ -67,8 +70,8 @@ def capture_graph(fn: Callable[[], object]) -> torch.cuda.CUDAGraph:
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        fn()
-    return graph
+        output = fn()
+    return graph, output
 
 
 def graph_times_us(fn: Callable[[], object], device: torch.device,
@@ -78,7 +81,7 @@ def graph_times_us(fn: Callable[[], object], device: torch.device,
     replay, warm replays back to back, so the call finds in the L2 whatever
     its previous replay left there (a decoder's value partly fits).  A graph
     has no Python dispatch or launch gaps, so this is the GPU's own time."""
-    graph = capture_graph(fn)
+    graph, _ = capture_graph(fn)
 
     def replays(n: int, flush: bool) -> list[float]:
         pairs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))

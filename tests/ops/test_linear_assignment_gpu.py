@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from bench.matching.costs import dino_like_costs
+from bench.op.timing import capture_graph
 from msda_mm.ops.linear_assignment import linear_assignment
 
 from assignment_checks import assert_optimal
@@ -44,14 +45,7 @@ def test_transposed_cost_buffer():
 def test_cuda_graph_replays_on_new_costs():
     cost, num_cols = dino_like_costs(P, N, 100, seed=3, device="cuda")
     static_cost, static_cols = cost.clone(), num_cols.clone()
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        linear_assignment(static_cost, static_cols)  # warm-up: compile outside the capture
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        static_out = linear_assignment(static_cost, static_cols)
+    graph, static_out = capture_graph(lambda: linear_assignment(static_cost, static_cols))
 
     fresh_cost, fresh_cols = dino_like_costs(P, N, 100, seed=4, device="cuda")
     static_cost.copy_(fresh_cost)

@@ -12,6 +12,7 @@ from test_msda_deterministic import (
     worst_row_err,
 )
 
+from bench.op.timing import capture_graph
 from msda_mm import multi_scale_deformable_attention as msda
 from msda_mm.ops.tiles import tile_override
 
@@ -113,14 +114,7 @@ def test_cuda_graph_replays_the_deterministic_backward(sort):
         out = msda(**static, deterministic=True)
         return torch.autograd.grad(out, [static[k] for k in FLOAT_INPUTS], g)
 
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        step()  # compile outside the capture
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        captured = step()
+    graph, captured = capture_graph(step)
     _, eager, _ = run_op(args, grad_out=g, deterministic=True)
     for _ in range(2):
         graph.replay()

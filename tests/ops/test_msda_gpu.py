@@ -2,6 +2,7 @@
 import pytest
 import torch
 
+from bench.op.timing import capture_graph
 from msda_mm import msda_reference
 from msda_mm import multi_scale_deformable_attention as msda
 
@@ -25,14 +26,7 @@ def test_cuda_graph_capture_and_replay():
         out = msda(**static)
         return (out, *torch.autograd.grad(out, [static[k] for k in FLOAT_INPUTS], grad_out))
 
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        step()  # warm-up: compile kernels outside the capture
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        captured = step()
+    graph, captured = capture_graph(step)
     # New inputs copied into the captured buffers, then replay.
     fresh = _cuda(make_inputs(B=2, Q=40, M=4, D=32, shapes=((16, 20), (8, 10)), K=4,
                               dtype=torch.bfloat16, loc_dtype=torch.float32,
@@ -78,14 +72,8 @@ def test_cuda_graph_replays_the_atomic_backward_at_encoder_scale(dtype, fp32_gra
                    fp32_grad_accum=fp32_grad_accum)
         return torch.autograd.grad(out, [leaves[k] for k in FLOAT_INPUTS], grad_out)
 
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        step()  # warm-up: compile kernels outside the capture
-    torch.cuda.current_stream().wait_stream(s)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        captured = dict(zip(FLOAT_INPUTS, step()))
+    graph, grads = capture_graph(step)
+    captured = dict(zip(FLOAT_INPUTS, grads))
     for _ in range(3):
         fresh = _cuda(make_inputs(dtype=dtype, **ENCODER_512)[0])
         with torch.no_grad():
