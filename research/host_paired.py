@@ -59,13 +59,12 @@ def summarize(block_times: list[dict], first: str) -> dict:
     """Per implementation: the median of all calls, each block's median and,
     against ``first``, the paired ratio and the blocks where ``first`` is lower."""
     summary = {}
-    for name in block_times[0]:
-        every = [t for block in block_times for t in block[name]]
+    every = {name: [t for block in block_times for t in block[name]] for name in block_times[0]}
+    for name, times in every.items():
         medians = [statistics.median(block[name]) for block in block_times]
-        row = dict(median_us=statistics.median(every), block_medians_us=medians)
+        row = dict(median_us=statistics.median(times), block_medians_us=medians)
         if name != first:
-            row["first_over_this"] = paired_ratio(
-                [t for block in block_times for t in block[first]], every)
+            row["first_over_this"] = paired_ratio(every[first], times)
             row["blocks_first_lower"] = sum(
                 statistics.median(block[first]) < m for block, m in zip(block_times, medians))
         summary[name] = row
