@@ -122,7 +122,6 @@ def test_replays_reduce_the_gradients_their_backward_graph_writes():
         torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
 
 
-
 @pytest.mark.gpu
 @pytest.mark.parametrize("fused", [False, True], ids=["foreach", "fused"])
 def test_replays_update_with_the_learning_rates_set_since_the_capture(fused):
