@@ -54,3 +54,27 @@ def init_weights(runner: Runner, cfg: Config) -> None:
 def losses(log_vars: dict) -> dict[str, float]:
     """``train_step``'s log variables as floats (one host sync each)."""
     return {k: float(v.item() if isinstance(v, torch.Tensor) else v) for k, v in log_vars.items()}
+
+
+def flat_parameters(model: torch.nn.Module) -> torch.Tensor:
+    """``model``'s parameters as one flat vector (a copy)."""
+    return torch.cat([p.detach().flatten() for p in model.parameters()])
+
+
+def copy_training_state(source: torch.nn.Module, source_optimizer: torch.optim.Optimizer,
+                        target: torch.nn.Module, target_optimizer: torch.optim.Optimizer) -> None:
+    """``target``'s parameters and buffers set in place to ``source``'s, and
+    its optimizer's state to a copy of ``source_optimizer``'s (none where
+    that has none yet): two models of one config, each optimizer over its
+    model's parameters in the same groups and order."""
+    for mine, theirs in zip(target.state_dict().values(), source.state_dict().values(),
+                            strict=True):
+        mine.copy_(theirs)
+    params = (p for group in target_optimizer.param_groups for p in group["params"])
+    sources = (p for group in source_optimizer.param_groups for p in group["params"])
+    for param, source_param in zip(params, sources, strict=True):
+        state = source_optimizer.state.get(source_param)
+        if state:
+            target_optimizer.state[param] = {name: value.clone() for name, value in state.items()}
+        else:
+            target_optimizer.state.pop(param, None)

@@ -16,6 +16,7 @@ from msda_mm.engine import compile_submodules
 from msda_mm.models import GraphedDINO
 from msda_mm.models.dino import graphed_detector
 from msda_mm.models.dino.padded_batch import pad_batch
+from msda_mm.parity.training import copy_training_state, flat_parameters
 
 from .detr_configs import build_detector
 from .test_sync_free_dino import CONFIGS
@@ -320,7 +321,7 @@ def compare_with_eager(data, amp, lr, rtol, quiet_steps, monkeypatch, after_step
                                    for m in (graphed, eager))
     theirs = []
     for i, batch in enumerate(data):
-        start_from(graphed, ours_wrapper.optimizer, eager, their_wrapper.optimizer)
+        copy_training_state(graphed, ours_wrapper.optimizer, eager, their_wrapper.optimizer)
         before = flat_parameters(graphed)
         draws = torch.cuda.get_rng_state()
         theirs.append(eager.train_step(copy.deepcopy(batch), their_wrapper))
@@ -371,17 +372,3 @@ def strays(model, ours: torch.Tensor, theirs: torch.Tensor, lr: float) -> list:
     return [name for name, mine, other in zip(names, ours.split(sizes), theirs.split(sizes))
             if ((mine - other).abs() > 0.5 * other.abs() + 1e-3 * lr).float().mean() > 0.5]
 
-
-def flat_parameters(model) -> torch.Tensor:
-    return torch.cat([p.detach().flatten() for p in model.parameters()])
-
-
-def start_from(source, source_optimizer, target, target_optimizer) -> None:
-    """``target`` and its optimizer's state set in place to ``source``'s."""
-    for mine, theirs in zip(target.state_dict().values(), source.state_dict().values()):
-        mine.copy_(theirs)
-    params = (p for group in target_optimizer.param_groups for p in group["params"])
-    sources = (p for group in source_optimizer.param_groups for p in group["params"])
-    for param, source_param in zip(params, sources):
-        for name, value in source_optimizer.state[source_param].items():
-            target_optimizer.state[param][name].copy_(value)

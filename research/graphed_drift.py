@@ -1,0 +1,188 @@
+"""Whether a replayed training step is the eager step over a real run:
+GraphedDINO beside its eager twin (the same model, never captured), the twin
+set to the graphed model's state before every step.
+
+    python research/graphed_drift.py CONFIG [--steps 300] [--seconds S]
+        [--warmup-iters 200] [--lr-drop-at K] [--out DIR] [--cfg-options k=v ...]
+
+At each step the twin takes the graphed model's parameters, buffers,
+optimizer state and CUDA generator state and runs the step eagerly, then
+again from the same state (the floor: what the atomic sums' order alone
+changes), then the graphed model runs it (each shape's first steps eager,
+then captured, then replayed).  Per step: each side's logged losses and
+gradient norm, and the distance between the parameter updates, graphed
+against eager and eager against eager again, in all and per parameter.  A
+replay that computed another step stands above the floor; one that computes
+the same step up to rounding stays at it.  The graphed model trains on from
+its own state, so the steps follow a run from its start; the learning rate
+follows a linear warm-up over --warmup-iters steps from 0.001 of the
+config's (the synthetic configs' LinearLR) and drops by 10 at --lr-drop-at
+(the MultiStepLR's drop, earlier), so that a change of rate between replays
+is covered.  drift.json is rewritten after every step: a stopped run keeps
+its steps.  On CPU both sides run eagerly (tests).
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import math
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tools"))
+
+import common  # noqa: E402
+
+WINDOW = 50  # steps per row of the summary
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    common.add_config_args(parser, default_out="graphed_drift")
+    parser.add_argument("--steps", type=common.positive_int, default=300, metavar="N",
+                        help="training steps compared (default 300)")
+    parser.add_argument("--seconds", type=float, default=math.inf, metavar="S",
+                        help="stop after this many seconds of steps (default: none)")
+    parser.add_argument("--warmup-iters", type=int, default=200, metavar="N",
+                        help="steps of linear learning-rate warm-up from 0.001 (default 200)")
+    parser.add_argument("--lr-drop-at", type=common.positive_int, metavar="K",
+                        help="step from which the learning rate is a tenth (default: none)")
+    args = parser.parse_args(argv)
+    if args.warmup_iters < 0:
+        parser.error(f"--warmup-iters must be >= 0, got {args.warmup_iters}")
+    return args
+
+
+def lr_factor(step: int, warmup_iters: int, drop_at) -> float:
+    """The learning rate at ``step`` over the config's: mmengine's LinearLR
+    from 0.001 over ``warmup_iters`` steps, a tenth from ``drop_at`` on."""
+    factor = 1.0 if step >= warmup_iters else 0.001 + 0.999 * step / warmup_iters
+    return factor * (0.1 if drop_at is not None and step >= drop_at else 1.0)
+
+
+def twin_model(runner, cfg):
+    """The runner's GraphedDINO built again, never captured, with its weights."""
+    from mmdet.registry import MODELS
+
+    model = MODELS.build(dict(copy.deepcopy(cfg.model), warmup_steps=10 ** 9, log_interval=1))
+    model.load_state_dict(runner.model.state_dict())
+    return model.to(next(runner.model.parameters()).device).train()
+
+
+def compiled_paths(cfg) -> list:
+    """The submodules the config's CompileSubmodulesHook compiles."""
+    return [path for hook in cfg.get("custom_hooks", [])
+            if hook.get("type") == "CompileSubmodulesHook" for path in hook["modules"]]
+
+
+def relative(a, b) -> float:
+    return float((a - b).norm() / b.norm().clamp_min(1e-30))
+
+
+def per_parameter(update, reference, sizes):
+    """Each parameter's ||update - reference|| / ||reference||."""
+    import torch
+
+    pairs = zip(update.split(sizes), reference.split(sizes))
+    return torch.stack([(u - r).norm() / r.norm().clamp_min(1e-30) for u, r in pairs])
+
+
+def summarize(rows: list, names: list, graphed_err, floor_err) -> dict:
+    """Per window of steps, the medians of both distances and of the
+    graphed-to-eager gradient-norm ratio (and the floor's); the parameters
+    whose mean graphed distance is furthest above their mean floor."""
+    windows = []
+    for start in range(0, len(rows), WINDOW):
+        part = rows[start:start + WINDOW]
+        windows.append(dict(
+            steps=[part[0]["step"], part[-1]["step"]],
+            update_graphed_vs_eager=statistics.median(r["update_graphed_vs_eager"] for r in part),
+            update_eager_vs_eager=statistics.median(r["update_eager_vs_eager"] for r in part),
+            grad_norm_graphed_over_eager=statistics.median(
+                r["graphed"]["grad_norm"] / r["eager"]["grad_norm"] for r in part),
+            grad_norm_eager_over_eager=statistics.median(
+                r["eager_again"]["grad_norm"] / r["eager"]["grad_norm"] for r in part),
+            loss_graphed_over_eager=statistics.median(
+                r["graphed"]["loss"] / r["eager"]["loss"] for r in part)))
+    ratio = (graphed_err / len(rows)) / (floor_err / len(rows)).clamp_min(1e-12)
+    order = ratio.argsort(descending=True)[:10].tolist()
+    return dict(windows=windows, parameters_furthest_above_floor=[
+        dict(name=names[i], mean_graphed_vs_eager=float(graphed_err[i]) / len(rows),
+             mean_eager_vs_eager=float(floor_err[i]) / len(rows)) for i in order])
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    cfg = common.load_config(common.config_namespace(args))
+    cfg.model.log_interval = 1
+    import torch
+    from mmengine.optim import build_optim_wrapper
+
+    from msda_mm.engine import compile_submodules
+    from msda_mm.parity import training
+    from msda_mm.parity.training import copy_training_state, flat_parameters
+
+    runner = common.build_runner(cfg)
+    training.init_weights(runner, cfg)
+    graphed = runner.model
+    twin = twin_model(runner, cfg)
+    ours, batches = training.start(runner, cfg, seed=runner.seed)
+    theirs = build_optim_wrapper(twin, copy.deepcopy(cfg.optim_wrapper))
+    for model in (graphed, twin):
+        compile_submodules(model, compiled_paths(cfg))
+    base = [group["lr"] for group in ours.optimizer.param_groups]
+    names = [name for name, _ in graphed.named_parameters()]
+    sizes = [p.numel() for p in graphed.parameters()]
+    cuda = next(graphed.parameters()).is_cuda
+    out = Path(args.out)  # config_namespace filled it in
+    out.mkdir(parents=True, exist_ok=True)
+    rows, graphed_err, floor_err = [], 0.0, 0.0
+    start = time.perf_counter()
+    for step in range(args.steps):
+        if time.perf_counter() - start > args.seconds:
+            break
+        data = next(batches)
+        factor = lr_factor(step, args.warmup_iters, args.lr_drop_at)
+        for wrapper in (ours, theirs):
+            for group, lr in zip(wrapper.optimizer.param_groups, base):
+                group["lr"] = lr * factor
+        before = flat_parameters(graphed)
+        generator = torch.cuda.get_rng_state() if cuda else torch.get_rng_state()
+        set_generator = torch.cuda.set_rng_state if cuda else torch.set_rng_state
+        logs, updates = {}, {}
+        for side in ("eager", "eager_again"):
+            copy_training_state(graphed, ours.optimizer, twin, theirs.optimizer)
+            set_generator(generator)
+            logs[side] = twin.train_step(copy.deepcopy(data), theirs)
+            updates[side] = flat_parameters(twin) - before
+        set_generator(generator)
+        captured = len(graphed.captured_keys)
+        logs["graphed"] = graphed.train_step(copy.deepcopy(data), ours)
+        updates["graphed"] = flat_parameters(graphed) - before
+        graphed_err = graphed_err + per_parameter(updates["graphed"], updates["eager"], sizes)
+        floor_err = floor_err + per_parameter(updates["eager_again"], updates["eager"], sizes)
+        rows.append(dict(
+            step=step, lr_factor=factor,
+            captured_keys=len(graphed.captured_keys),
+            captured_now=len(graphed.captured_keys) > captured,
+            update_graphed_vs_eager=relative(updates["graphed"], updates["eager"]),
+            update_eager_vs_eager=relative(updates["eager_again"], updates["eager"]),
+            **{side: {k: float(v) for k, v in log.items()} for side, log in logs.items()}))
+        report = dict(config=args.config, steps=len(rows), seconds=time.perf_counter() - start,
+                      warmup_iters=args.warmup_iters, lr_drop_at=args.lr_drop_at,
+                      summary=summarize(rows, names, graphed_err, floor_err), rows=rows)
+        (out / "drift.json").write_text(json.dumps(report, indent=1))
+        last = rows[-1]
+        print(f"step {step}: update graphed/eager {last['update_graphed_vs_eager']:.3g}, "
+              f"eager/eager {last['update_eager_vs_eager']:.3g}; grad norm "
+              f"{last['graphed']['grad_norm']:.4g} / {last['eager']['grad_norm']:.4g} / "
+              f"{last['eager_again']['grad_norm']:.4g}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

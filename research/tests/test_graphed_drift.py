@@ -1,0 +1,73 @@
+"""research/graphed_drift.py: the learning rate it sets, its summary, and
+the state copy that starts the eager twin from the graphed model's state
+(CPU)."""
+import pytest
+import torch
+
+from msda_mm.parity.training import copy_training_state, flat_parameters
+from research.tests.tools import assert_usage_error, load
+
+
+def test_learning_rate_warms_up_linearly_then_drops_by_ten():
+    factor = load("graphed_drift.py")["lr_factor"]
+    assert factor(0, 100, None) == pytest.approx(0.001)
+    assert factor(50, 100, None) == pytest.approx(0.5005)
+    assert factor(100, 100, 150) == 1.0
+    assert factor(150, 100, 150) == pytest.approx(0.1)
+    assert factor(0, 0, None) == 1.0
+
+
+def row(step, graphed_norm, eager_norm):
+    log = lambda norm: dict(loss=2.0, grad_norm=norm)  # noqa: E731
+    return dict(step=step, update_graphed_vs_eager=0.2, update_eager_vs_eager=0.1,
+                graphed=log(graphed_norm), eager=log(eager_norm), eager_again=log(eager_norm))
+
+
+def test_summary_gives_windows_and_the_parameters_furthest_above_the_floor():
+    rows = [row(i, 1.1, 1.0) for i in range(60)]
+    summary = load("graphed_drift.py")["summarize"](
+        rows, ["a", "b"], torch.tensor([6.0, 60.0]), torch.tensor([6.0, 6.0]))
+    first, second = summary["windows"]
+    assert first["steps"] == [0, 49] and second["steps"] == [50, 59]
+    assert first["grad_norm_graphed_over_eager"] == pytest.approx(1.1)
+    assert first["grad_norm_eager_over_eager"] == 1.0
+    assert first["update_graphed_vs_eager"] == 0.2 and first["update_eager_vs_eager"] == 0.1
+    furthest = summary["parameters_furthest_above_floor"]
+    assert [p["name"] for p in furthest] == ["b", "a"]
+    assert furthest[0]["mean_graphed_vs_eager"] == pytest.approx(1.0)
+
+
+def test_the_twin_starts_from_the_source_state_and_steps_as_it_does():
+    torch.manual_seed(0)
+    models = [torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4))
+              for _ in range(2)]
+    optimizers = [torch.optim.AdamW(m.parameters(), lr=0.1) for m in models]
+    data = torch.randn(8, 4)
+
+    def step(model, optimizer):
+        optimizer.zero_grad()
+        model(data).square().sum().backward()
+        optimizer.step()
+
+    for model, optimizer, steps in zip(models, optimizers, (2, 1)):  # apart in state
+        for _ in range(steps):
+            step(model, optimizer)
+    copy_training_state(models[0], optimizers[0], models[1], optimizers[1])
+    for model, optimizer in zip(models, optimizers):
+        step(model, optimizer)
+    assert torch.equal(flat_parameters(models[0]), flat_parameters(models[1]))
+    assert torch.equal(models[0][1].running_mean, models[1][1].running_mean)
+
+
+def test_a_source_without_optimizer_state_leaves_the_target_none():
+    models = [torch.nn.Linear(2, 2) for _ in range(2)]
+    optimizers = [torch.optim.AdamW(m.parameters()) for m in models]
+    models[1](torch.ones(1, 2)).sum().backward()
+    optimizers[1].step()
+    copy_training_state(models[0], optimizers[0], models[1], optimizers[1])
+    assert not optimizers[1].state
+
+
+def test_bad_command_lines_are_refused(capsys):
+    assert_usage_error("graphed_drift.py", ["c.py", "--warmup-iters", "-1"], "must be >= 0",
+                       capsys)
