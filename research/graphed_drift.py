@@ -3,7 +3,8 @@ GraphedDINO beside its eager twin (the same model, never captured), the twin
 set to the graphed model's state before every step.
 
     python research/graphed_drift.py CONFIG [--steps 300] [--seconds S]
-        [--warmup-iters 200] [--lr-drop-at K] [--out DIR] [--cfg-options k=v ...]
+        [--warmup-iters 200] [--lr-drop-at K] [--eval-at K ...] [--eval-batches 10]
+        [--out DIR] [--cfg-options k=v ...]
 
 At each step the twin takes the graphed model's parameters, buffers,
 optimizer state and CUDA generator state and runs the step eagerly, then
@@ -18,8 +19,10 @@ its own state, so the steps follow a run from its start; the learning rate
 follows a linear warm-up over --warmup-iters steps from 0.001 of the
 config's (the synthetic configs' LinearLR) and drops by 10 at --lr-drop-at
 (the MultiStepLR's drop, earlier), so that a change of rate between replays
-is covered.  drift.json is rewritten after every step: a stopped run keeps
-its steps.  On CPU both sides run eagerly (tests).
+is covered, and with --eval-at the graphed model predicts validation batches
+between two steps, eagerly, as a run's validation does.  drift.json is
+rewritten after every step: a stopped run keeps its steps.  On CPU both sides
+run eagerly (tests).
 """
 from __future__ import annotations
 
@@ -51,6 +54,12 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="steps of linear learning-rate warm-up from 0.001 (default 200)")
     parser.add_argument("--lr-drop-at", type=common.positive_int, metavar="K",
                         help="step from which the learning rate is a tenth (default: none)")
+    parser.add_argument("--eval-at", type=common.positive_int, nargs="+", default=[],
+                        metavar="K", help="steps before which the graphed model predicts "
+                        "--eval-batches batches of the validation data, as a run's "
+                        "validation does between epochs (default: none)")
+    parser.add_argument("--eval-batches", type=common.positive_int, default=10, metavar="N",
+                        help="validation batches each --eval-at predicts (default 10)")
     args = parser.parse_args(argv)
     if args.warmup_iters < 0:
         parser.error(f"--warmup-iters must be >= 0, got {args.warmup_iters}")
@@ -77,6 +86,19 @@ def compiled_paths(cfg) -> list:
     """The submodules the config's CompileSubmodulesHook compiles."""
     return [path for hook in cfg.get("custom_hooks", [])
             if hook.get("type") == "CompileSubmodulesHook" for path in hook["modules"]]
+
+
+def validate(model, runner, cfg, num_batches: int) -> None:
+    """``num_batches`` batches of the config's validation data predicted by
+    ``model`` in eval mode, as mmengine's ValLoop predicts them."""
+    import torch
+
+    loader = runner.build_dataloader(copy.deepcopy(cfg.val_dataloader))
+    model.eval()
+    with torch.no_grad():
+        for _, data in zip(range(num_batches), loader):
+            model.val_step(data)
+    model.train()
 
 
 def relative(a, b) -> float:
@@ -146,6 +168,8 @@ def main(argv=None) -> int:
         if time.perf_counter() - start > args.seconds:
             break
         data = next(batches)
+        if step in args.eval_at:
+            validate(graphed, runner, cfg, args.eval_batches)
         factor = lr_factor(step, args.warmup_iters, args.lr_drop_at)
         for wrapper in (ours, theirs):
             for group, lr in zip(wrapper.optimizer.param_groups, base):
@@ -167,7 +191,7 @@ def main(argv=None) -> int:
         floor_err = floor_err + per_parameter(updates["eager_again"], updates["eager"], sizes)
         rows.append(dict(
             step=step, lr_factor=factor,
-            captured_keys=len(graphed.captured_keys),
+            evaluated=step in args.eval_at, captured_keys=len(graphed.captured_keys),
             captured_now=len(graphed.captured_keys) > captured,
             update_graphed_vs_eager=relative(updates["graphed"], updates["eager"]),
             update_eager_vs_eager=relative(updates["eager_again"], updates["eager"]),
