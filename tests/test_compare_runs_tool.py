@@ -4,28 +4,11 @@ against the baseline, and the errors for bad input."""
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
+from tool_runs import ROOT, write_run
 
 from bench.step.runs import compare, summarize, window_means
-
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def write_run(work_dir: Path, losses: dict[int, float], evals: dict[int, float],
-              timestamp="20261129_120000", time=0.5) -> Path:
-    """A work_dir whose scalars.json logs ``losses`` ({iter: loss}, time
-    ``time`` s/iter, except 9 s at the first record) and ``evals``
-    ({epoch: mAP fraction})."""
-    lines = [dict(loss=loss, iter=it, step=it, time=9.0 if i == 0 else time, memory=100 + it)
-             for i, (it, loss) in enumerate(sorted(losses.items()))]
-    lines += [{"coco/bbox_mAP": ap, "coco/bbox_mAP_50": 2 * ap, "coco/bbox_mAP_l": -1.0,
-               "step": epoch} for epoch, ap in evals.items()]
-    path = work_dir / timestamp / "vis_data" / "scalars.json"
-    path.parent.mkdir(parents=True)
-    path.write_text("\n".join(json.dumps(line) for line in lines) + "\n")
-    return work_dir
 
 
 def test_window_means_group_by_iteration():

@@ -1,6 +1,7 @@
-"""How the end-to-end tests run the user tools: their environment, and the
-CPU demo config (configs/synthetic/dino_tiny_cpu.py) cut to a few synthetic
-images."""
+"""How the end-to-end tests run the user tools: their environment, the CPU
+demo config (configs/synthetic/dino_tiny_cpu.py) cut to a few synthetic
+images, and hand-written mmengine logs for the tools that read runs."""
+import json
 import os
 from pathlib import Path
 
@@ -35,3 +36,18 @@ def write_tiny_demo(path: Path, data_root: str, num_train: int, overrides: str =
     path.write_text(_TINY.format(base=str(base), data_root=data_root, num_train=num_train)
                     + overrides)
     return path
+
+
+def write_run(work_dir: Path, losses: dict[int, float], evals: dict[int, float],
+              timestamp="20261129_120000", time=0.5) -> Path:
+    """A work_dir whose scalars.json logs ``losses`` ({iter: loss}, time
+    ``time`` s/iter, except 9 s at the first record) and ``evals``
+    ({epoch: mAP fraction})."""
+    lines = [dict(loss=loss, iter=it, step=it, time=9.0 if i == 0 else time, memory=100 + it)
+             for i, (it, loss) in enumerate(sorted(losses.items()))]
+    lines += [{"coco/bbox_mAP": ap, "coco/bbox_mAP_50": 2 * ap, "coco/bbox_mAP_l": -1.0,
+               "step": epoch} for epoch, ap in evals.items()]
+    path = work_dir / timestamp / "vis_data" / "scalars.json"
+    path.parent.mkdir(parents=True)
+    path.write_text("\n".join(json.dumps(line) for line in lines) + "\n")
+    return work_dir

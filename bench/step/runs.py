@@ -85,12 +85,16 @@ def summarize(work_dir: Path, window: int) -> dict:
         memory_mib=max(r.get("memory", 0) for r in train),
         loss_windows=window_means(train, window),
         loss_records=[[r["iter"], r["loss"]] for r in train],
-        # CocoMetric writes -1 for an area range with no ground truth: left out.
-        evals=[dict(epoch=r.get("step"),
-                    **{k: round(100.0 * r[f"coco/{k}"], 1) for k in COCO_KEYS
-                       if r.get(f"coco/{k}", -1) >= 0})
-               for r in evals],
+        evals=evals_in_points(evals),
     )
+
+
+def evals_in_points(evals: list[dict]) -> list[dict]:
+    """Evaluation records as {epoch, metric: AP points} (one decimal)."""
+    # CocoMetric writes -1 for an area range with no ground truth: left out.
+    return [dict(epoch=r.get("step"), **{k: round(100.0 * r[f"coco/{k}"], 1) for k in COCO_KEYS
+                                         if r.get(f"coco/{k}", -1) >= 0})
+            for r in evals]
 
 
 def compare(run: dict, baseline: dict) -> dict:
