@@ -4,13 +4,13 @@ set to the graphed model's state before every step.
 
     python research/graphed_drift.py CONFIG [--steps 300] [--seconds S]
         [--warmup-iters 200] [--lr-drop-at K] [--eval-at K ...] [--eval-batches 10]
-        [--out DIR] [--cfg-options k=v ...]
+        [--burst 1] [--out DIR] [--cfg-options k=v ...]
 
-At each step the twin takes the graphed model's parameters, buffers,
-optimizer state and CUDA generator state and runs the step eagerly, then
-again from the same state (the floor: what the atomic sums' order alone
-changes), then the graphed model runs it (each shape's first steps eager,
-then captured, then replayed).  Per step: each side's logged losses and
+At each step the graphed model runs the step (each shape's first steps
+eager, then captured, then replayed), its starting parameters, buffers,
+optimizer state and CUDA generator state kept; the twin, set to that state,
+runs the step eagerly, then again from the same state (the floor: what the
+atomic sums' order alone changes).  Per step: each side's logged losses and
 gradient norm, and the distance between the parameter updates, graphed
 against eager and eager against eager again, in all and per parameter.  A
 replay that computed another step stands above the floor; one that computes
@@ -20,9 +20,12 @@ follows a linear warm-up over --warmup-iters steps from 0.001 of the
 config's (the synthetic configs' LinearLR) and drops by 10 at --lr-drop-at
 (the MultiStepLR's drop, earlier), so that a change of rate between replays
 is covered, and with --eval-at the graphed model predicts validation batches
-between two steps, eagerly, as a run's validation does.  drift.json is
-rewritten after every step: a stopped run keeps its steps.  On CPU both sides
-run eagerly (tests).
+between two steps, eagerly, as a run's validation does.  With --burst K the
+graphed model takes K steps one right behind the other, nothing waiting on
+the device between them (a run that logs every K steps lets its host run
+that far ahead), and the twin then steps from each kept state.  drift.json
+is rewritten after every burst: a stopped run keeps the steps compared.  On
+CPU both sides run eagerly (tests).
 """
 from __future__ import annotations
 
@@ -60,6 +63,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "validation does between epochs (default: none)")
     parser.add_argument("--eval-batches", type=common.positive_int, default=10, metavar="N",
                         help="validation batches each --eval-at predicts (default 10)")
+    parser.add_argument("--burst", type=common.positive_int, default=1, metavar="K",
+                        help="graphed steps taken one right behind the other, then compared "
+                        "(default 1; a run logging every K steps lets the host run K steps "
+                        "ahead of the device)")
     args = parser.parse_args(argv)
     if args.warmup_iters < 0:
         parser.error(f"--warmup-iters must be >= 0, got {args.warmup_iters}")
@@ -140,13 +147,11 @@ def summarize(rows: list, names: list, graphed_err, floor_err) -> dict:
 def main(argv=None) -> int:
     args = parse_args(argv)
     cfg = common.load_config(common.config_namespace(args))
-    cfg.model.log_interval = 1
-    import torch
+    cfg.model.log_interval = args.burst
     from mmengine.optim import build_optim_wrapper
 
     from msda_mm.engine import compile_submodules
     from msda_mm.parity import training
-    from msda_mm.parity.training import copy_training_state, flat_parameters
 
     runner = common.build_runner(cfg)
     training.init_weights(runner, cfg)
@@ -156,57 +161,131 @@ def main(argv=None) -> int:
     theirs = build_optim_wrapper(twin, copy.deepcopy(cfg.optim_wrapper))
     for model in (graphed, twin):
         compile_submodules(model, compiled_paths(cfg))
-    base = [group["lr"] for group in ours.optimizer.param_groups]
-    names = [name for name, _ in graphed.named_parameters()]
-    sizes = [p.numel() for p in graphed.parameters()]
-    cuda = next(graphed.parameters()).is_cuda
+    run = Run(args, runner, cfg, graphed, ours, twin, theirs)
     out = Path(args.out)  # config_namespace filled it in
     out.mkdir(parents=True, exist_ok=True)
-    rows, graphed_err, floor_err = [], 0.0, 0.0
     start = time.perf_counter()
-    for step in range(args.steps):
+    for first in range(0, args.steps - args.burst + 1, args.burst):
         if time.perf_counter() - start > args.seconds:
             break
-        data = next(batches)
-        if step in args.eval_at:
-            validate(graphed, runner, cfg, args.eval_batches)
-        factor = lr_factor(step, args.warmup_iters, args.lr_drop_at)
-        for wrapper in (ours, theirs):
-            for group, lr in zip(wrapper.optimizer.param_groups, base):
-                group["lr"] = lr * factor
-        before = flat_parameters(graphed)
-        generator = torch.cuda.get_rng_state() if cuda else torch.get_rng_state()
-        set_generator = torch.cuda.set_rng_state if cuda else torch.set_rng_state
-        logs, updates = {}, {}
-        for side in ("eager", "eager_again"):
-            copy_training_state(graphed, ours.optimizer, twin, theirs.optimizer)
-            set_generator(generator)
-            logs[side] = twin.train_step(copy.deepcopy(data), theirs)
-            updates[side] = flat_parameters(twin) - before
-        set_generator(generator)
-        captured = len(graphed.captured_keys)
-        logs["graphed"] = graphed.train_step(copy.deepcopy(data), ours)
-        updates["graphed"] = flat_parameters(graphed) - before
-        graphed_err = graphed_err + per_parameter(updates["graphed"], updates["eager"], sizes)
-        floor_err = floor_err + per_parameter(updates["eager_again"], updates["eager"], sizes)
-        rows.append(dict(
-            step=step, lr_factor=factor,
-            evaluated=step in args.eval_at, captured_keys=len(graphed.captured_keys),
-            captured_now=len(graphed.captured_keys) > captured,
-            update_graphed_vs_eager=relative(updates["graphed"], updates["eager"]),
-            update_eager_vs_eager=relative(updates["eager_again"], updates["eager"]),
-            **{side: {k: float(v) for k, v in log.items()} for side, log in logs.items()}))
-        report = dict(config=args.config, steps=len(rows), seconds=time.perf_counter() - start,
-                      warmup_iters=args.warmup_iters, lr_drop_at=args.lr_drop_at,
-                      summary=summarize(rows, names, graphed_err, floor_err), rows=rows)
+        kept = run.graphed_steps([(step, next(batches)) for step in
+                                  range(first, first + args.burst)])
+        for row in run.compared(kept):
+            print(f"step {row['step']}: update graphed/eager "
+                  f"{row['update_graphed_vs_eager']:.3g}, eager/eager "
+                  f"{row['update_eager_vs_eager']:.3g}; grad norm "
+                  f"{row['graphed']['grad_norm']:.4g} / {row['eager']['grad_norm']:.4g} / "
+                  f"{row['eager_again']['grad_norm']:.4g}", flush=True)
+        report = dict(config=args.config, steps=len(run.rows), burst=args.burst,
+                      seconds=time.perf_counter() - start, warmup_iters=args.warmup_iters,
+                      lr_drop_at=args.lr_drop_at, eval_at=args.eval_at,
+                      summary=summarize(run.rows, run.names, run.graphed_err, run.floor_err),
+                      rows=run.rows)
         (out / "drift.json").write_text(json.dumps(report, indent=1))
-        last = rows[-1]
-        print(f"step {step}: update graphed/eager {last['update_graphed_vs_eager']:.3g}, "
-              f"eager/eager {last['update_eager_vs_eager']:.3g}; grad norm "
-              f"{last['graphed']['grad_norm']:.4g} / {last['eager']['grad_norm']:.4g} / "
-              f"{last['eager_again']['grad_norm']:.4g}", flush=True)
     return 0
 
+
+class Run:
+    """The graphed model and its eager twin, stepped as main() says."""
+
+    def __init__(self, args, runner, cfg, graphed, ours, twin, theirs) -> None:
+        import torch
+
+        self.args, self.runner, self.cfg = args, runner, cfg
+        self.graphed, self.ours, self.twin, self.theirs = graphed, ours, twin, theirs
+        self.base = [group["lr"] for group in ours.optimizer.param_groups]
+        self.names = [name for name, _ in graphed.named_parameters()]
+        self.sizes = [p.numel() for p in graphed.parameters()]
+        cuda = next(graphed.parameters()).is_cuda
+        self.get_generator = torch.cuda.get_rng_state if cuda else torch.get_rng_state
+        self.set_generator = torch.cuda.set_rng_state if cuda else torch.set_rng_state
+        self.rows: list = []
+        self.graphed_err = self.floor_err = 0.0
+
+    def set_lr(self, wrapper, step: int) -> float:
+        factor = lr_factor(step, self.args.warmup_iters, self.args.lr_drop_at)
+        for group, lr in zip(wrapper.optimizer.param_groups, self.base):
+            group["lr"] = lr * factor
+        return factor
+
+    def graphed_steps(self, batches: list) -> list:
+        """The graphed model's steps on ``batches`` ((step, data) pairs), one
+        right behind the other (nothing waits on the device between them,
+        as in a run logging once a burst), each step's starting state, its
+        generator's state and whether it captured kept: (step, data, state,
+        generator, captured, factor), the state after the last appended."""
+        from msda_mm.parity.training import training_state
+
+        kept = []
+        for step, data in batches:
+            if step in self.args.eval_at:
+                validate(self.graphed, self.runner, self.cfg, self.args.eval_batches)
+            factor = self.set_lr(self.ours, step)
+            state = training_state(self.graphed, self.ours.optimizer)
+            generator, keys = self.get_generator(), len(self.graphed.captured_keys)
+            logged = self.graphed.train_step(copy.deepcopy(data), self.ours)
+            kept.append([step, data, state, generator,
+                         len(self.graphed.captured_keys) > keys, factor])
+        kept.append(training_state(self.graphed, self.ours.optimizer))
+        self.graphed_logs = burst_logs(logged, len(batches))
+        return kept
+
+    def compared(self, kept: list) -> list:
+        """The twin's steps from each kept state, twice, against the graphed
+        model's: the rows they add."""
+        from msda_mm.parity.training import load_training_state
+
+        *steps, after = kept
+        rows = []
+        for i, (step, data, state, generator, captured, factor) in enumerate(steps):
+            start = flat_state(self.graphed, state)
+            graphed = flat_state(self.graphed, steps[i + 1][2] if i + 1 < len(steps) else after)
+            logs, updates = {"graphed": self.graphed_logs[i]}, {"graphed": graphed - start}
+            self.set_lr(self.theirs, step)
+            for side in ("eager", "eager_again"):
+                load_training_state(self.twin, self.theirs.optimizer, state)
+                self.set_generator(generator)
+                logs[side] = self.twin.train_step(copy.deepcopy(data), self.theirs)
+                updates[side] = flat_state(self.twin, None) - start
+            self.graphed_err = self.graphed_err + per_parameter(
+                updates["graphed"], updates["eager"], self.sizes)
+            self.floor_err = self.floor_err + per_parameter(
+                updates["eager_again"], updates["eager"], self.sizes)
+            rows.append(dict(
+                step=step, lr_factor=factor, evaluated=step in self.args.eval_at,
+                captured_keys=len(self.graphed.captured_keys), captured_now=captured,
+                update_graphed_vs_eager=relative(updates["graphed"], updates["eager"]),
+                update_eager_vs_eager=relative(updates["eager_again"], updates["eager"]),
+                **{side: {k: float(v) for k, v in log.items()} for side, log in logs.items()}))
+        self.rows += rows
+        return rows
+
+
+def flat_state(model, state):
+    """``model``'s parameters as one flat vector, as flat_parameters orders
+    them: its own (state None) or those of ``state`` (a TrainingState of it)."""
+    import torch
+
+    from msda_mm.parity.training import flat_parameters
+
+    if state is None:
+        return flat_parameters(model)
+    by_name = dict(zip(model.state_dict().keys(), state.tensors))
+    return torch.cat([by_name[name].flatten() for name, _ in model.named_parameters()])
+
+
+def burst_logs(last: dict, count: int) -> list:
+    """The logged values of a burst's ``count`` steps: the earlier ones from
+    the message hub (where GraphedDINO's StepLogs puts them), the last as
+    ``train_step`` returned it."""
+    from mmengine.logging import MessageHub
+
+    hub = MessageHub.get_current_instance()
+    rows: list = [{} for _ in range(count - 1)]
+    for name in last if count > 1 else ():
+        for row, value in zip(rows, hub.get_scalar(f"train/{name}").data[0][-(count - 1):]):
+            row[name] = float(value)
+    return rows + [last]
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -11,7 +11,7 @@ initial learning rate.
 from __future__ import annotations
 
 import copy
-from typing import Iterator
+from typing import Iterator, NamedTuple
 
 import torch
 from mmengine.config import Config
@@ -61,20 +61,43 @@ def flat_parameters(model: torch.nn.Module) -> torch.Tensor:
     return torch.cat([p.detach().flatten() for p in model.parameters()])
 
 
+class TrainingState(NamedTuple):
+    """A copy of a model's state_dict values and of its optimizer's state,
+    per parameter in the optimizer's groups' order (empty: none yet)."""
+
+    tensors: list
+    optimizer: list
+
+
+def _params(optimizer: torch.optim.Optimizer) -> list:
+    return [p for group in optimizer.param_groups for p in group["params"]]
+
+
+def training_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> TrainingState:
+    """A copy of ``model``'s parameters and buffers and ``optimizer``'s state
+    (on their device: taking it does not wait)."""
+    return TrainingState(
+        tensors=[t.detach().clone() for t in model.state_dict().values()],
+        optimizer=[{name: value.clone() for name, value in optimizer.state.get(p, {}).items()}
+                   for p in _params(optimizer)])
+
+
+def load_training_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                        state: TrainingState) -> None:
+    """``model`` and ``optimizer`` set to ``state``, taken of a model of the
+    same config with its optimizer over the same groups: the parameters and
+    buffers in place, the optimizer's state as copies (none where ``state``
+    has none)."""
+    for mine, theirs in zip(model.state_dict().values(), state.tensors, strict=True):
+        mine.copy_(theirs)
+    for param, saved in zip(_params(optimizer), state.optimizer, strict=True):
+        if saved:
+            optimizer.state[param] = {name: value.clone() for name, value in saved.items()}
+        else:
+            optimizer.state.pop(param, None)
+
+
 def copy_training_state(source: torch.nn.Module, source_optimizer: torch.optim.Optimizer,
                         target: torch.nn.Module, target_optimizer: torch.optim.Optimizer) -> None:
-    """``target``'s parameters and buffers set in place to ``source``'s, and
-    its optimizer's state to a copy of ``source_optimizer``'s (none where
-    that has none yet): two models of one config, each optimizer over its
-    model's parameters in the same groups and order."""
-    for mine, theirs in zip(target.state_dict().values(), source.state_dict().values(),
-                            strict=True):
-        mine.copy_(theirs)
-    params = (p for group in target_optimizer.param_groups for p in group["params"])
-    sources = (p for group in source_optimizer.param_groups for p in group["params"])
-    for param, source_param in zip(params, sources, strict=True):
-        state = source_optimizer.state.get(source_param)
-        if state:
-            target_optimizer.state[param] = {name: value.clone() for name, value in state.items()}
-        else:
-            target_optimizer.state.pop(param, None)
+    """``target`` and its optimizer set to ``source``'s state (load_training_state)."""
+    load_training_state(target, target_optimizer, training_state(source, source_optimizer))

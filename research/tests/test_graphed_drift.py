@@ -4,7 +4,12 @@ the state copy that starts the eager twin from the graphed model's state
 import pytest
 import torch
 
-from msda_mm.parity.training import copy_training_state, flat_parameters
+from msda_mm.parity.training import (
+    copy_training_state,
+    flat_parameters,
+    load_training_state,
+    training_state,
+)
 from research.tests.tools import assert_usage_error, load
 
 
@@ -71,3 +76,30 @@ def test_a_source_without_optimizer_state_leaves_the_target_none():
 def test_bad_command_lines_are_refused(capsys):
     assert_usage_error("graphed_drift.py", ["c.py", "--warmup-iters", "-1"], "must be >= 0",
                        capsys)
+
+
+def test_a_bursts_logs_come_from_the_hub_and_the_last_step():
+    from mmengine.logging import MessageHub
+
+    hub = MessageHub.get_instance("graphed_drift_burst_logs")
+    for loss in (3.0, 2.0, 9.0):  # 9.0: an older step's, not the burst's
+        hub.update_scalar("train/loss", loss)
+    hub.update_scalar("train/loss", 1.5)
+    logs = load("graphed_drift.py")["burst_logs"]
+    assert logs(dict(loss=0.5), 3) == [dict(loss=9.0), dict(loss=1.5), dict(loss=0.5)]
+    assert logs(dict(loss=0.5), 1) == [dict(loss=0.5)]
+
+
+def test_a_kept_state_gives_the_parameters_in_flat_order():
+    flat_state = load("graphed_drift.py")["flat_state"]
+    model = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.BatchNorm1d(2))
+    optimizer = torch.optim.AdamW(model.parameters())
+    kept = training_state(model, optimizer)
+    before = flat_parameters(model)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(1.0)
+    assert torch.equal(flat_state(model, kept), before)
+    assert torch.equal(flat_state(model, None), before + 1.0)
+    load_training_state(model, optimizer, kept)
+    assert torch.equal(flat_parameters(model), before)
