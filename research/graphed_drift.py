@@ -12,7 +12,9 @@ optimizer state and CUDA generator state kept; the twin, set to that state,
 runs the step eagerly, then again from the same state (the floor: what the
 atomic sums' order alone changes).  Per step: each side's logged losses and
 gradient norm, and the distance between the parameter updates, graphed
-against eager and eager against eager again, in all and per parameter.  A
+against eager and eager against eager again, in all and per parameter, and
+between the float buffers' changes (BN's running statistics, which only an
+evaluation reads) likewise.  A
 replay that computed another step stands above the floor; one that computes
 the same step up to rounding stays at it.  The graphed model trains on from
 its own state, so the steps follow a run from its start; the learning rate
@@ -121,7 +123,7 @@ def per_parameter(update, reference, sizes):
 
 
 def summarize(rows: list, names: list, graphed_err, floor_err) -> dict:
-    """Per window of steps, the medians of both distances and of the
+    """Per window of steps, the medians of the distances and of the
     graphed-to-eager gradient-norm ratio (and the floor's); the parameters
     whose mean graphed distance is furthest above their mean floor."""
     windows = []
@@ -131,6 +133,9 @@ def summarize(rows: list, names: list, graphed_err, floor_err) -> dict:
             steps=[part[0]["step"], part[-1]["step"]],
             update_graphed_vs_eager=statistics.median(r["update_graphed_vs_eager"] for r in part),
             update_eager_vs_eager=statistics.median(r["update_eager_vs_eager"] for r in part),
+            buffers_graphed_vs_eager=statistics.median(
+                r["buffers_graphed_vs_eager"] for r in part),
+            buffers_eager_vs_eager=statistics.median(r["buffers_eager_vs_eager"] for r in part),
             grad_norm_graphed_over_eager=statistics.median(
                 r["graphed"]["grad_norm"] / r["eager"]["grad_norm"] for r in part),
             grad_norm_eager_over_eager=statistics.median(
@@ -195,6 +200,9 @@ class Run:
         self.graphed, self.ours, self.twin, self.theirs = graphed, ours, twin, theirs
         self.base = [group["lr"] for group in ours.optimizer.param_groups]
         self.names = [name for name, _ in graphed.named_parameters()]
+        saved = graphed.state_dict()  # the buffers a TrainingState holds: the persistent ones
+        self.flat_names = (self.names, [name for name, buffer in graphed.named_buffers()
+                                        if buffer.is_floating_point() and name in saved])
         self.sizes = [p.numel() for p in graphed.parameters()]
         cuda = next(graphed.parameters()).is_cuda
         self.get_generator = torch.cuda.get_rng_state if cuda else torch.get_rng_state
@@ -238,15 +246,19 @@ class Run:
         *steps, after = kept
         rows = []
         for i, (step, data, state, generator, captured, factor) in enumerate(steps):
-            start = flat_state(self.graphed, state)
-            graphed = flat_state(self.graphed, steps[i + 1][2] if i + 1 < len(steps) else after)
-            logs, updates = {"graphed": self.graphed_logs[i]}, {"graphed": graphed - start}
+            end = steps[i + 1][2] if i + 1 < len(steps) else after
+            logs = {"graphed": self.graphed_logs[i]}
+            # The parameters' and the float buffers' (BN's statistics) changes by side.
+            starts = [flat_state(self.graphed, state, names) for names in self.flat_names]
+            updates, moved = ({"graphed": flat_state(self.graphed, end, names) - start}
+                              for names, start in zip(self.flat_names, starts))
             self.set_lr(self.theirs, step)
             for side in ("eager", "eager_again"):
                 load_training_state(self.twin, self.theirs.optimizer, state)
                 self.set_generator(generator)
                 logs[side] = self.twin.train_step(copy.deepcopy(data), self.theirs)
-                updates[side] = flat_state(self.twin, None) - start
+                updates[side], moved[side] = (flat_state(self.twin, None, names) - start
+                                              for names, start in zip(self.flat_names, starts))
             self.graphed_err = self.graphed_err + per_parameter(
                 updates["graphed"], updates["eager"], self.sizes)
             self.floor_err = self.floor_err + per_parameter(
@@ -256,22 +268,22 @@ class Run:
                 captured_keys=len(self.graphed.captured_keys), captured_now=captured,
                 update_graphed_vs_eager=relative(updates["graphed"], updates["eager"]),
                 update_eager_vs_eager=relative(updates["eager_again"], updates["eager"]),
+                buffers_graphed_vs_eager=relative(moved["graphed"], moved["eager"]),
+                buffers_eager_vs_eager=relative(moved["eager_again"], moved["eager"]),
                 **{side: {k: float(v) for k, v in log.items()} for side, log in logs.items()}))
         self.rows += rows
         return rows
 
 
-def flat_state(model, state):
-    """``model``'s parameters as one flat vector, as flat_parameters orders
-    them: its own (state None) or those of ``state`` (a TrainingState of it)."""
+def flat_state(model, state, names: list):
+    """The state_dict entries ``names`` of ``model`` as one flat float32
+    vector: its own (state None) or those of ``state`` (a TrainingState of it)."""
     import torch
 
-    from msda_mm.parity.training import flat_parameters
-
-    if state is None:
-        return flat_parameters(model)
-    by_name = dict(zip(model.state_dict().keys(), state.tensors))
-    return torch.cat([by_name[name].flatten() for name, _ in model.named_parameters()])
+    values = (model.state_dict() if state is None
+              else dict(zip(model.state_dict().keys(), state.tensors)))
+    return torch.cat([values[name].detach().flatten().float() for name in names] or
+                     [torch.zeros(0)])
 
 
 def burst_logs(last: dict, count: int) -> list:

@@ -25,6 +25,7 @@ def test_learning_rate_warms_up_linearly_then_drops_by_ten():
 def row(step, graphed_norm, eager_norm):
     log = lambda norm: dict(loss=2.0, grad_norm=norm)  # noqa: E731
     return dict(step=step, update_graphed_vs_eager=0.2, update_eager_vs_eager=0.1,
+                buffers_graphed_vs_eager=0.4, buffers_eager_vs_eager=0.3,
                 graphed=log(graphed_norm), eager=log(eager_norm), eager_again=log(eager_norm))
 
 
@@ -37,6 +38,7 @@ def test_summary_gives_windows_and_the_parameters_furthest_above_the_floor():
     assert first["grad_norm_graphed_over_eager"] == pytest.approx(1.1)
     assert first["grad_norm_eager_over_eager"] == 1.0
     assert first["update_graphed_vs_eager"] == 0.2 and first["update_eager_vs_eager"] == 0.1
+    assert first["buffers_graphed_vs_eager"] == 0.4 and first["buffers_eager_vs_eager"] == 0.3
     furthest = summary["parameters_furthest_above_floor"]
     assert [p["name"] for p in furthest] == ["b", "a"]
     assert furthest[0]["mean_graphed_vs_eager"] == pytest.approx(1.0)
@@ -90,16 +92,21 @@ def test_a_bursts_logs_come_from_the_hub_and_the_last_step():
     assert logs(dict(loss=0.5), 1) == [dict(loss=0.5)]
 
 
-def test_a_kept_state_gives_the_parameters_in_flat_order():
+def test_a_kept_state_gives_the_tensors_named_in_flat_order():
     flat_state = load("graphed_drift.py")["flat_state"]
     model = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.BatchNorm1d(2))
     optimizer = torch.optim.AdamW(model.parameters())
     kept = training_state(model, optimizer)
+    params = [name for name, _ in model.named_parameters()]
     before = flat_parameters(model)
     with torch.no_grad():
         for p in model.parameters():
             p.add_(1.0)
-    assert torch.equal(flat_state(model, kept), before)
-    assert torch.equal(flat_state(model, None), before + 1.0)
+        model[1].running_mean.add_(2.0)
+    assert torch.equal(flat_state(model, kept, params), before)
+    assert torch.equal(flat_state(model, None, params), before + 1.0)
+    assert torch.equal(flat_state(model, None, ["1.running_mean"]), torch.full((2,), 2.0))
+    assert flat_state(model, None, []).numel() == 0
     load_training_state(model, optimizer, kept)
     assert torch.equal(flat_parameters(model), before)
+    assert torch.equal(model[1].running_mean, torch.zeros(2))
