@@ -185,6 +185,22 @@ def test_two_keys_replayed_in_turn_are_the_eager_steps_on_cuda(quiet_mmengine, m
 
 
 @pytest.mark.gpu
+def test_replays_of_other_image_sizes_in_the_canvas_are_the_eager_steps_on_cuda(quiet_mmengine,
+                                                                               monkeypatch):
+    """Images of other sizes at every step, all padded to the one canvas (as
+    DINO's multi-scale resize fills a bucket): each replay reads its batch's
+    sizes (the padding masks, valid ratios and box normalisers), so each
+    step logs and updates what the same step run eagerly does."""
+    sizes = [[(3, 64, 64), (3, 48, 64)], [(3, 40, 56), (3, 64, 32)], [(3, 60, 60), (3, 64, 48)],
+             [(3, 32, 64), (3, 56, 40)], [(3, 64, 64), (3, 64, 64)]]
+    data = [demo_mm_inputs(batch_size=2, image_shapes=shapes, num_items=[2, 1 + i % 3],
+                           num_classes=6) for i, shapes in enumerate(sizes)]
+    graphed, _ = compare_with_eager(data, amp=False, lr=1e-4, rtol=1e-4, quiet_steps=(2, 3),
+                                    monkeypatch=monkeypatch)
+    assert graphed.captured_keys == [(2, *CANVAS, CAP)]
+
+
+@pytest.mark.gpu
 def test_the_compiled_recipe_replays_the_eager_steps_on_cuda(quiet_mmengine, monkeypatch):
     """The graphed configs' recipe, its losses and transformer layers
     compiled by torch.compile and captured with the rest: each replay logs
