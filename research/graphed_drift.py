@@ -110,10 +110,6 @@ def validate(model, runner, cfg, num_batches: int) -> None:
     model.train()
 
 
-def relative(a, b) -> float:
-    return float((a - b).norm() / b.norm().clamp_min(1e-30))
-
-
 def per_parameter(update, reference, sizes):
     """Each parameter's ||update - reference|| / ||reference||."""
     import torch
@@ -199,10 +195,10 @@ class Run:
         self.args, self.runner, self.cfg = args, runner, cfg
         self.graphed, self.ours, self.twin, self.theirs = graphed, ours, twin, theirs
         self.base = [group["lr"] for group in ours.optimizer.param_groups]
-        self.names = [name for name, _ in graphed.named_parameters()]
-        saved = graphed.state_dict()  # the buffers a TrainingState holds: the persistent ones
-        self.flat_names = (self.names, [name for name, buffer in graphed.named_buffers()
-                                        if buffer.is_floating_point() and name in saved])
+        from msda_mm.parity.training import state_names
+
+        self.flat_names = state_names(graphed)
+        self.names = self.flat_names[0]
         self.sizes = [p.numel() for p in graphed.parameters()]
         cuda = next(graphed.parameters()).is_cuda
         self.get_generator = torch.cuda.get_rng_state if cuda else torch.get_rng_state
@@ -241,7 +237,7 @@ class Run:
     def compared(self, kept: list) -> list:
         """The twin's steps from each kept state, twice, against the graphed
         model's: the rows they add."""
-        from msda_mm.parity.training import load_training_state
+        from msda_mm.parity.training import flat_tensors, load_training_state, relative_distance
 
         *steps, after = kept
         rows = []
@@ -249,15 +245,15 @@ class Run:
             end = steps[i + 1][2] if i + 1 < len(steps) else after
             logs = {"graphed": self.graphed_logs[i]}
             # The parameters' and the float buffers' (BN's statistics) changes by side.
-            starts = [flat_state(self.graphed, state, names) for names in self.flat_names]
-            updates, moved = ({"graphed": flat_state(self.graphed, end, names) - start}
+            starts = [flat_tensors(self.graphed, state, names) for names in self.flat_names]
+            updates, moved = ({"graphed": flat_tensors(self.graphed, end, names) - start}
                               for names, start in zip(self.flat_names, starts))
             self.set_lr(self.theirs, step)
             for side in ("eager", "eager_again"):
                 load_training_state(self.twin, self.theirs.optimizer, state)
                 self.set_generator(generator)
                 logs[side] = self.twin.train_step(copy.deepcopy(data), self.theirs)
-                updates[side], moved[side] = (flat_state(self.twin, None, names) - start
+                updates[side], moved[side] = (flat_tensors(self.twin, None, names) - start
                                               for names, start in zip(self.flat_names, starts))
             self.graphed_err = self.graphed_err + per_parameter(
                 updates["graphed"], updates["eager"], self.sizes)
@@ -266,24 +262,13 @@ class Run:
             rows.append(dict(
                 step=step, lr_factor=factor, evaluated=step in self.args.eval_at,
                 captured_keys=len(self.graphed.captured_keys), captured_now=captured,
-                update_graphed_vs_eager=relative(updates["graphed"], updates["eager"]),
-                update_eager_vs_eager=relative(updates["eager_again"], updates["eager"]),
-                buffers_graphed_vs_eager=relative(moved["graphed"], moved["eager"]),
-                buffers_eager_vs_eager=relative(moved["eager_again"], moved["eager"]),
+                update_graphed_vs_eager=relative_distance(updates["graphed"], updates["eager"]),
+                update_eager_vs_eager=relative_distance(updates["eager_again"], updates["eager"]),
+                buffers_graphed_vs_eager=relative_distance(moved["graphed"], moved["eager"]),
+                buffers_eager_vs_eager=relative_distance(moved["eager_again"], moved["eager"]),
                 **{side: {k: float(v) for k, v in log.items()} for side, log in logs.items()}))
         self.rows += rows
         return rows
-
-
-def flat_state(model, state, names: list):
-    """The state_dict entries ``names`` of ``model`` as one flat float32
-    vector: its own (state None) or those of ``state`` (a TrainingState of it)."""
-    import torch
-
-    values = (model.state_dict() if state is None
-              else dict(zip(model.state_dict().keys(), state.tensors)))
-    return torch.cat([values[name].detach().flatten().float() for name in names] or
-                     [torch.zeros(0)])
 
 
 def burst_logs(last: dict, count: int) -> list:

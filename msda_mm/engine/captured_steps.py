@@ -184,6 +184,11 @@ class CapturedSteps:
         self.setup_seconds[key] = self.setup_seconds.get(key, 0.0) + time.perf_counter() - start
         return log
 
+    def eager(self, batch: StaticBatch) -> Tensor:
+        """The step on ``batch`` run eagerly, whatever its key: what a
+        replay of it is checked against."""
+        return self._eager(batch, side_stream=False)
+
     def grads(self) -> List[Tensor]:
         """The optimizer's parameters' gradients, in its groups' order (the
         same on every rank), those without one left out."""

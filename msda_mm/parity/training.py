@@ -11,7 +11,7 @@ initial learning rate.
 from __future__ import annotations
 
 import copy
-from typing import Iterator, NamedTuple
+from typing import Any, Callable, Iterator, NamedTuple
 
 import torch
 from mmengine.config import Config
@@ -85,19 +85,82 @@ def training_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> 
 def load_training_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                         state: TrainingState) -> None:
     """``model`` and ``optimizer`` set to ``state``, taken of a model of the
-    same config with its optimizer over the same groups: the parameters and
-    buffers in place, the optimizer's state as copies (none where ``state``
-    has none)."""
+    same config with its optimizer over the same groups: the parameters,
+    buffers and the optimizer's existing state tensors in place (a captured
+    CUDA graph keeps reading and writing those very tensors), state the
+    optimizer lacks as copies, none where ``state`` has none."""
     for mine, theirs in zip(model.state_dict().values(), state.tensors, strict=True):
         mine.copy_(theirs)
     for param, saved in zip(_params(optimizer), state.optimizer, strict=True):
-        if saved:
-            optimizer.state[param] = {name: value.clone() for name, value in saved.items()}
-        else:
+        if not saved:
             optimizer.state.pop(param, None)
+            continue
+        kept = optimizer.state[param]
+        for name, value in saved.items():
+            if isinstance(kept.get(name), torch.Tensor) and kept[name].shape == value.shape:
+                kept[name].copy_(value)
+            else:
+                kept[name] = value.clone()
 
 
 def copy_training_state(source: torch.nn.Module, source_optimizer: torch.optim.Optimizer,
                         target: torch.nn.Module, target_optimizer: torch.optim.Optimizer) -> None:
     """``target`` and its optimizer set to ``source``'s state (load_training_state)."""
     load_training_state(target, target_optimizer, training_state(source, source_optimizer))
+
+
+def state_names(model: torch.nn.Module) -> tuple[list, list]:
+    """The state_dict keys of ``model``'s parameters and of its persistent
+    floating-point buffers (BN's running statistics)."""
+    saved = model.state_dict()
+    return ([name for name, _ in model.named_parameters()],
+            [name for name, buffer in model.named_buffers()
+             if buffer.is_floating_point() and name in saved])
+
+
+def flat_tensors(model: torch.nn.Module, state: TrainingState | None, names: list) -> torch.Tensor:
+    """The state_dict entries ``names`` of ``model`` (its own with ``state``
+    None, else those ``state`` holds) as one flat float32 vector."""
+    values = (model.state_dict() if state is None
+              else dict(zip(model.state_dict().keys(), state.tensors)))
+    return torch.cat([values[name].detach().flatten().float() for name in names] or
+                     [torch.zeros(0)])
+
+
+def relative_distance(a: torch.Tensor, b: torch.Tensor) -> float:
+    """||a - b|| / ||b|| (0 where both are 0)."""
+    return float((a - b).norm() / b.norm().clamp_min(1e-30))
+
+
+def check_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+               step: Callable[[], Any], eager_step: Callable[[], Any],
+               generator: torch.Generator) -> tuple[Any, dict]:
+    """``step()`` run and checked against ``eager_step()``, which runs twice
+    from the state ``step()`` started in (``model``'s parameters and
+    buffers, ``optimizer``'s state and ``generator``'s, so that both draw
+    the same random numbers); ``model``, ``optimizer`` and ``generator`` are
+    then left as ``step()`` left them.  Returns step()'s result and the
+    distances, each relative to the first eager step's change: of step()'s
+    change of the parameters from it (``update``) and of the second eager
+    step's (``update_floor``: what the run-to-run rounding alone gives), and
+    the same of the floating-point buffers (``buffers``, ``buffers_floor``)."""
+    names = state_names(model)
+    start, draws = training_state(model, optimizer), generator.get_state()
+    result = step()
+    ends = [training_state(model, optimizer)]
+    ended_draws = generator.get_state()
+    for _ in range(2):
+        load_training_state(model, optimizer, start)
+        generator.set_state(draws)
+        eager_step()
+        ends.append(training_state(model, optimizer))
+    load_training_state(model, optimizer, ends[0])
+    generator.set_state(ended_draws)
+    # Per kind (parameters, buffers): the change each run made.
+    (stepped, eager, again), (stepped_buffers, eager_buffers, again_buffers) = (
+        [flat_tensors(model, end, kind) - flat_tensors(model, start, kind) for end in ends]
+        for kind in names)
+    return result, dict(update=relative_distance(stepped, eager),
+                        update_floor=relative_distance(again, eager),
+                        buffers=relative_distance(stepped_buffers, eager_buffers),
+                        buffers_floor=relative_distance(again_buffers, eager_buffers))

@@ -130,6 +130,11 @@ def test_refuses_what_it_cannot_capture(quiet_mmengine):
         tiny_graphed_dino(log_interval=0)
     with pytest.raises(ValueError, match="warmup_steps must be >= 1"):
         tiny_graphed_dino(warmup_steps=0)
+    with pytest.raises(ValueError, match="check_interval must be >= 0"):
+        tiny_graphed_dino(check_interval=-1)
+    model = tiny_graphed_dino(check_interval=10)
+    with pytest.raises(ValueError, match="checks replays in one process"):
+        model.train_step(copy.deepcopy(data), adamw_wrapper(model), grad_reducer=lambda _: None)
 
 
 def test_a_batch_outside_the_buckets_runs_eagerly_and_says_so(reference_backend,
@@ -269,6 +274,38 @@ def test_replays_with_denoising_noise_are_the_eager_steps_on_cuda(quiet_mmengine
     otherwise (other offsets, or shared between its draws) would not."""
     compare_with_eager(batches(5), amp=False, lr=1e-4, rtol=1e-4, quiet_steps=(2, 3),
                        monkeypatch=monkeypatch, noise=True)
+
+
+@pytest.mark.gpu
+def test_checked_replays_are_at_the_eager_steps_on_cuda(quiet_mmengine, monkeypatch):
+    """check_interval=1: every replay (steps 2-5) is checked against the same
+    step run eagerly twice from its state: with deterministic kernels all
+    three agree up to rounding, the check is logged, and the run goes on
+    from the replay's result, as the same run without checks does."""
+    if not torch.cuda.is_available():
+        pytest.fail("GPU test run without CUDA")
+    messages = []
+    monkeypatch.setattr(graphed_detector, "print_log", lambda msg, **_: messages.append(msg))
+    monkeypatch.setattr(torch.backends.cudnn, "deterministic", True)
+    data = batches(6)
+    runs = []
+    for interval in (1, 0):
+        model = tiny_graphed_dino("cuda", deterministic=True, log_interval=1, noise=True,
+                                  check_interval=interval)
+        wrapper = adamw_wrapper(model, lr=1e-4, fused=True)
+        torch.cuda.manual_seed(0)
+        runs.append(([model.train_step(copy.deepcopy(batch), wrapper) for batch in data],
+                     flat_parameters(model), model))
+    (checked, checked_params, model), (plain, plain_params, _) = runs
+    assert [c["step"] for c in model.replay_checks] == [2, 3, 4, 5]
+    for check in model.replay_checks:
+        assert check["key"] == (2, *CANVAS, CAP)
+        assert check["update"] <= 1e-2 and check["update_floor"] <= 1e-2, check
+        assert check["buffers"] <= 1e-3 and check["buffers_floor"] <= 1e-3, check
+    assert sum("replayed and run eagerly twice" in m for m in messages) == 4
+    for ours, theirs in zip(checked, plain, strict=True):
+        assert ours == pytest.approx(theirs, rel=1e-4, abs=1e-6)
+    assert (checked_params - plain_params).norm() <= 1e-2 * plain_params.norm()
 
 
 def test_strays_names_a_small_tensor_left_out_of_an_update():

@@ -26,6 +26,7 @@ from ... import compat  # noqa: F401  (first: on mmcv-lite, mmdet.models imports
 from mmdet.registry import MODELS
 
 from ...engine.captured_steps import CapturedSteps, check_warmup
+from ...parity.training import check_step
 from .detector import SyncFreeDINO
 from .head import BatchedMatchingDINOHead
 from .padded_batch import PaddedBatch, bucket, pad_batch
@@ -90,12 +91,19 @@ class GraphedDINO(SyncFreeDINO):
         warmup_steps: eager steps of each key before its capture.
         log_interval: steps between reads of the logged values (set it to
             the LoggerHook's interval).
+        check_interval: every this many steps (0: never), a replayed step
+            is checked: the same step then runs eagerly twice from the state
+            the replay started in (``msda_mm.parity.training.check_step``),
+            the replay's result kept, and a log line gives the distance of
+            the replay's parameter and BN-statistics changes from the eager
+            step's beside the second eager step's (the rounding's floor).
+            Each check costs two eager steps and waits on the device once.
     """
 
     def __init__(self, *args, canvas_sizes: Sequence[Tuple[int, int]] = ((800, 1333),
                                                                           (1333, 800)),
                  gt_caps: Sequence[int] = (10, 25, 50, 100), warmup_steps: int = 1,
-                 log_interval: int = 50, **kwargs) -> None:
+                 log_interval: int = 50, check_interval: int = 0, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         if not isinstance(self.bbox_head, BatchedMatchingDINOHead):
             raise TypeError(f"GraphedDINO computes its losses with BatchedMatchingDINOHead; "
@@ -108,7 +116,12 @@ class GraphedDINO(SyncFreeDINO):
         if not self.gt_caps or self.gt_caps[0] < 1:
             raise ValueError(f"gt_caps must be positive GT counts, got {gt_caps!r}")
         check_warmup("warmup_steps", warmup_steps)  # here, not at the first step
-        self.warmup_steps = warmup_steps
+        if check_interval < 0:
+            raise ValueError(f"check_interval must be >= 0 (0: no checks), got {check_interval}")
+        self.warmup_steps, self.check_interval = warmup_steps, check_interval
+        # Each check's step number, key and distances (check_step's), in order.
+        self.replay_checks: List[dict] = []
+        self._steps_taken = 0
         self._logs = StepLogs(log_interval)
         self._steps: Optional[CapturedSteps] = None
         self._wrapper: Optional[OptimWrapper] = None
@@ -155,10 +168,32 @@ class GraphedDINO(SyncFreeDINO):
         else:
             captured = inputs.is_cuda
         batch = pad_batch(inputs, samples, fit[:2], fit[2])
-        values = steps(batch, captured)  # names its values at its first run
+        if (captured and self.check_interval and batch.key in steps.keys
+                and self._steps_taken % self.check_interval == 0):
+            values = self._checked_replay(steps, batch)
+        else:
+            values = steps(batch, captured)  # names its values at its first run
+        self._steps_taken += 1
         if captured and batch.key in steps.keys and batch.key not in self._reported:
             self._report_capture(steps, batch.key)
         return self._logs.record(self._loss_names + self._update_names, values)
+
+    def _checked_replay(self, steps: CapturedSteps, batch: PaddedBatch) -> Tensor:
+        device = batch.images.device
+        generator = torch.cuda.default_generators[
+            device.index if device.index is not None else torch.cuda.current_device()]
+        # The replay's log vector copied: it lives in the graphs' memory.
+        values, check = check_step(self, self._wrapper.optimizer,
+                                   lambda: steps(batch, True).clone(),
+                                   lambda: steps.eager(batch), generator)
+        self.replay_checks.append(dict(step=self._steps_taken, key=batch.key, **check))
+        print_log(f"GraphedDINO: step {self._steps_taken} (key {batch.key}) replayed and run "
+                  f"eagerly twice from one state: the replay's update is "
+                  f"{check['update']:.3g} from the eager one's (the second eager run's "
+                  f"{check['update_floor']:.3g}), its BN statistics' change "
+                  f"{check['buffers']:.3g} ({check['buffers_floor']:.3g}), relative",
+                  logger="current")
+        return values
 
     def _report_capture(self, steps: CapturedSteps, key: tuple) -> None:
         self._reported.add(key)
@@ -185,6 +220,12 @@ class GraphedDINO(SyncFreeDINO):
                         grad_reducer: Optional[GradReducer]) -> CapturedSteps:
         if self._steps is None:
             check_wrapper(optim_wrapper)
+            if grad_reducer is not None and self.check_interval:
+                # A check runs three steps where a rank without a replay runs one: their
+                # gradients' reductions would not pair up.
+                raise ValueError(f"GraphedDINO checks replays in one process; check_interval is "
+                                 f"{self.check_interval} in a distributed run (a grad_reducer "
+                                 f"was given): set it to 0")
             self._wrapper, self._reducer = optim_wrapper, grad_reducer
             self._steps = CapturedSteps(self._backward, self._update, optim_wrapper.optimizer,
                                         warmup=self.warmup_steps, reduce=grad_reducer)
