@@ -46,6 +46,9 @@ sys.path.insert(0, str(ROOT / "tools"))
 import common  # noqa: E402
 
 WINDOW = 50  # steps per row of the summary
+# A row's distances between the sides' changes of the parameters and the buffers.
+DISTANCES = ("update_graphed_vs_eager", "buffers_graphed_vs_eager", "update_eager_vs_eager",
+             "buffers_eager_vs_eager")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -237,7 +240,7 @@ class Run:
     def compared(self, kept: list) -> list:
         """The twin's steps from each kept state, twice, against the graphed
         model's: the rows they add."""
-        from msda_mm.parity.training import flat_tensors, load_training_state, relative_distance
+        from msda_mm.parity.training import flat_tensors, load_training_state, relative_distances
 
         *steps, after = kept
         rows = []
@@ -262,10 +265,9 @@ class Run:
             rows.append(dict(
                 step=step, lr_factor=factor, evaluated=step in self.args.eval_at,
                 captured_keys=len(self.graphed.captured_keys), captured_now=captured,
-                update_graphed_vs_eager=relative_distance(updates["graphed"], updates["eager"]),
-                update_eager_vs_eager=relative_distance(updates["eager_again"], updates["eager"]),
-                buffers_graphed_vs_eager=relative_distance(moved["graphed"], moved["eager"]),
-                buffers_eager_vs_eager=relative_distance(moved["eager_again"], moved["eager"]),
+                **dict(zip(DISTANCES, relative_distances(
+                    [(changes["graphed"], changes["eager"]) for changes in (updates, moved)] +
+                    [(changes["eager_again"], changes["eager"]) for changes in (updates, moved)]))),
                 **{side: {k: float(v) for k, v in log.items()} for side, log in logs.items()}))
         self.rows += rows
         return rows

@@ -124,12 +124,13 @@ def flat_tensors(model: torch.nn.Module, state: TrainingState | None, names: lis
     values = (model.state_dict() if state is None
               else dict(zip(model.state_dict().keys(), state.tensors)))
     return torch.cat([values[name].detach().flatten().float() for name in names] or
-                     [torch.zeros(0)])
+                     [torch.zeros(0, device=next(model.parameters()).device)])
 
 
-def relative_distance(a: torch.Tensor, b: torch.Tensor) -> float:
-    """||a - b|| / ||b|| (0 where both are 0)."""
-    return float((a - b).norm() / b.norm().clamp_min(1e-30))
+def relative_distances(pairs) -> list[float]:
+    """||a - b|| / ||b|| (0 where both are 0) of each pair (a, b), read from
+    the device at once."""
+    return torch.stack([(a - b).norm() / b.norm().clamp_min(1e-30) for a, b in pairs]).tolist()
 
 
 def check_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
@@ -160,7 +161,7 @@ def check_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
     (stepped, eager, again), (stepped_buffers, eager_buffers, again_buffers) = (
         [flat_tensors(model, end, kind) - flat_tensors(model, start, kind) for end in ends]
         for kind in names)
-    return result, dict(update=relative_distance(stepped, eager),
-                        update_floor=relative_distance(again, eager),
-                        buffers=relative_distance(stepped_buffers, eager_buffers),
-                        buffers_floor=relative_distance(again_buffers, eager_buffers))
+    distances = relative_distances([(stepped, eager), (again, eager),
+                                    (stepped_buffers, eager_buffers),
+                                    (again_buffers, eager_buffers)])
+    return result, dict(zip(("update", "update_floor", "buffers", "buffers_floor"), distances))
