@@ -11,13 +11,12 @@ import pytest
 from tool_runs import ROOT, write_run
 
 from bench.step import ap_stats
-from bench.step.ap_stats import mann_whitney_u, mid_ranks, p_lower, shift_interval, u_null_counts
+from bench.step.ap_stats import mann_whitney_u, p_lower, shift_interval, u_null_counts
 
 
 def test_u_counts_the_candidate_above_with_ties_as_halves():
     assert mann_whitney_u([1.0, 2.0], [3.0, 4.0, 5.0]) == 6
     assert mann_whitney_u([3.0, 4.0], [1.0, 4.0]) == 1.5  # 4 > 3, and 4 = 4
-    assert mid_ranks([5.0, 1.0, 5.0, 3.0]) == [3.5, 1.0, 3.5, 2.0]
 
 
 def test_null_counts_are_the_orderings_of_each_u():
