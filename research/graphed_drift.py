@@ -195,11 +195,11 @@ class Run:
     def __init__(self, args, runner, cfg, graphed, ours, twin, theirs) -> None:
         import torch
 
+        from msda_mm.parity.training import state_names
+
         self.args, self.runner, self.cfg = args, runner, cfg
         self.graphed, self.ours, self.twin, self.theirs = graphed, ours, twin, theirs
         self.base = [group["lr"] for group in ours.optimizer.param_groups]
-        from msda_mm.parity.training import state_names
-
         self.flat_names = state_names(graphed)
         self.names = self.flat_names[0]
         self.sizes = [p.numel() for p in graphed.parameters()]
@@ -221,6 +221,7 @@ class Run:
         as in a run logging once a burst), each step's starting state, its
         generator's state and whether it captured kept: (step, data, state,
         generator, captured, factor), the state after the last appended."""
+        from msda_mm.models.dino.graphed_detector import StepLogs
         from msda_mm.parity.training import training_state
 
         kept = []
@@ -234,7 +235,7 @@ class Run:
             kept.append([step, data, state, generator,
                          len(self.graphed.captured_keys) > keys, factor])
         kept.append(training_state(self.graphed, self.ours.optimizer))
-        self.graphed_logs = burst_logs(logged, len(batches))
+        self.graphed_logs = StepLogs.recorded(logged, len(batches))
         return kept
 
     def compared(self, kept: list) -> list:
@@ -272,19 +273,6 @@ class Run:
         self.rows += rows
         return rows
 
-
-def burst_logs(last: dict, count: int) -> list:
-    """The logged values of a burst's ``count`` steps: the earlier ones from
-    the message hub (where GraphedDINO's StepLogs puts them), the last as
-    ``train_step`` returned it."""
-    from mmengine.logging import MessageHub
-
-    hub = MessageHub.get_current_instance()
-    rows: list = [{} for _ in range(count - 1)]
-    for name in last if count > 1 else ():
-        for row, value in zip(rows, hub.get_scalar(f"train/{name}").data[0][-(count - 1):]):
-            row[name] = float(value)
-    return rows + [last]
 
 if __name__ == "__main__":
     sys.exit(main())

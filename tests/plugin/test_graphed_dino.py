@@ -97,6 +97,19 @@ def test_logs_every_interval_what_the_step_computed(reference_backend, quiet_mme
         torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
 
 
+def test_recorded_gives_back_every_step_of_an_interval():
+    hub = MessageHub.get_instance("graphed_dino_recorded")
+    hub.update_scalar("train/loss", 99.0)  # an earlier interval's
+    logs = graphed_detector.StepLogs(3)
+    steps = [logs.record(["loss", "grad_norm"], torch.tensor([float(i), 10.0 + i]))
+             for i in range(3)]
+    assert steps[:2] == [{}, {}]
+    assert graphed_detector.StepLogs.recorded(steps[2], 3) == [
+        dict(loss=0.0, grad_norm=10.0), dict(loss=1.0, grad_norm=11.0),
+        dict(loss=2.0, grad_norm=12.0)]
+    assert graphed_detector.StepLogs.recorded(steps[2], 1) == [steps[2]]
+
+
 def test_without_clipping_it_logs_the_losses_only(reference_backend, quiet_mmengine):
     model = tiny_graphed_dino(log_interval=1)
     wrapper = OptimWrapper(optimizer=torch.optim.AdamW(model.parameters(), lr=1e-4))
@@ -369,7 +382,7 @@ def compare_with_eager(data, amp, lr, rtol, quiet_steps, monkeypatch, after_step
     eager = tiny_graphed_dino("cuda", deterministic=deterministic, log_interval=1,
                               warmup_steps=10 ** 6, **model)
     # A new hub, which becomes the current one that the graphed model logs to.
-    hub = MessageHub.get_instance(f"graphed_dino_replay_{uuid.uuid4().hex}")
+    MessageHub.get_instance(f"graphed_dino_replay_{uuid.uuid4().hex}")
     ours_wrapper, their_wrapper = (adamw_wrapper(m, amp=amp, lr=lr, fused=True)
                                    for m in (graphed, eager))
     theirs = []
@@ -407,8 +420,9 @@ def compare_with_eager(data, amp, lr, rtol, quiet_steps, monkeypatch, after_step
                     error = (mine.grad - other.grad).norm() / other.grad.norm().clamp_min(1e-12)
                     assert error <= 10 * rtol, (i, name, error.item())
     assert set(last) == set(theirs[-1]) and {"loss", "grad_norm", "dn_loss_cls"} <= set(last)
-    for name, value in last.items():
-        ours = [*hub.get_scalar(f"train/{name}").data[0][-(len(data) - 1):], value]
+    recorded = graphed_detector.StepLogs.recorded(last, len(data))
+    for name in last:
+        ours = [row[name] for row in recorded]
         assert ours == pytest.approx([step[name] for step in theirs], rel=rtol, abs=1e-6), name
     return graphed, eager
 

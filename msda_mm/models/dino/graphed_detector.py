@@ -60,6 +60,18 @@ class StepLogs:
                 hub.update_scalar(f"train/{name}", value)
         return dict(zip(names, rows[-1]))
 
+    @staticmethod
+    def recorded(last: Dict[str, float], count: int) -> List[Dict[str, float]]:
+        """The values of the last ``count`` steps, ``last`` being what
+        ``record`` returned at the last of them: the earlier ones as it put
+        them in the current message hub."""
+        hub = MessageHub.get_current_instance()
+        rows: List[Dict[str, float]] = [{} for _ in range(count - 1)]
+        for name in last if count > 1 else ():
+            for row, value in zip(rows, hub.get_scalar(f"train/{name}").data[0][-(count - 1):]):
+                row[name] = float(value)
+        return rows + [last]
+
 
 @MODELS.register_module()
 class GraphedDINO(SyncFreeDINO):
