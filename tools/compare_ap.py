@@ -56,14 +56,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def run_evals(path: Path, window: int = 50) -> dict[str, list[dict]]:
+def run_evals(path: Path) -> dict[str, list[dict]]:
     """Each run's evaluations (AP points) at ``path``, by run name: a
     work_dir or a scalars.json is one run (named by its path), a
     compare_runs.py runs.json is all of its."""
-    from bench.step.runs import evals_in_points, read_records, summarize
+    from bench.step.runs import evals_in_points, read_records, read_run, scalars_files
 
     if path.is_dir():
-        return {str(path): summarize(path, window)["evals"]}
+        return {str(path): evals_in_points(read_run(scalars_files(path))[1])}
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such work_dir or file")
     if path.name == "runs.json":

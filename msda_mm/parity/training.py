@@ -158,9 +158,11 @@ def check_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
     load_training_state(model, optimizer, ends[0])
     generator.set_state(ended_draws)
     # Per kind (parameters, buffers): the change each run made.
-    (stepped, eager, again), (stepped_buffers, eager_buffers, again_buffers) = (
-        [flat_tensors(model, end, kind) - flat_tensors(model, start, kind) for end in ends]
-        for kind in names)
+    changes = []
+    for kind in names:
+        begun = flat_tensors(model, start, kind)
+        changes.append([flat_tensors(model, end, kind) - begun for end in ends])
+    (stepped, eager, again), (stepped_buffers, eager_buffers, again_buffers) = changes
     distances = relative_distances([(stepped, eager), (again, eager),
                                     (stepped_buffers, eager_buffers),
                                     (again_buffers, eager_buffers)])
