@@ -122,8 +122,8 @@ class CapturedSteps:
     float log vector, maybe empty).  A step returns the two log vectors
     concatenated.
 
-    The first ``warmup`` batches of a key run eagerly (on a side stream on
-    CUDA, as capture needs: lazy initialisations, compilation, optimizer
+    The first ``warmup`` batches of a key run eagerly (on CUDA on a side
+    stream, one for all of them, as capture needs: lazy initialisations, compilation, optimizer
     state); the next one is captured, then replayed; later batches of the
     key are copied into the captured batch's tensors and replayed.  Without
     ``reduce`` the whole step is one CUDA graph; with it, backward and update
@@ -159,6 +159,9 @@ class CapturedSteps:
         self._seen: Counter = Counter()
         self._pool = None
         self._lrs: Optional[List[Tensor]] = None
+        # One side stream for every warm-up step: the allocator caches blocks
+        # per stream, so a new stream a step would hold a step's memory each.
+        self._side_stream: Optional[torch.cuda.Stream] = None
         self.setup_seconds: Dict[Hashable, float] = {}
 
     @property
@@ -205,7 +208,9 @@ class CapturedSteps:
         self.optimizer.zero_grad(set_to_none=True)
         if not side_stream:
             return self._step(batch)
-        stream = torch.cuda.Stream()
+        if self._side_stream is None:
+            self._side_stream = torch.cuda.Stream()
+        stream = self._side_stream
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
             log = self._step(batch)

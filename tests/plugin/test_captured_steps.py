@@ -2,7 +2,8 @@
 update on the optimizer's gradients (CPU, eagerly), and on CUDA between
 the two graphs' replays on the gradients the backward graph writes, the
 same steps as run eagerly (GPU test); replays update with the learning
-rates set since the capture (GPU test); a failed capture names its key and
+rates set since the capture (GPU test); eager warm-up steps hold the
+memory of one step (GPU test); a failed capture names its key and
 cause."""
 from dataclasses import dataclass
 from typing import List
@@ -120,6 +121,25 @@ def test_replays_reduce_the_gradients_their_backward_graph_writes():
     torch.testing.assert_close(logs, eager_logs, rtol=1e-5, atol=1e-6)
     for p, q in zip(params, eager_params):
         torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.gpu
+def test_warm_up_steps_hold_the_memory_of_one_step():
+    """Five eager warm-up steps of one key reserve no more memory than the
+    first: they run on one side stream (the allocator keeps each stream's
+    blocks apart, so a new stream a step reserves new blocks each step)."""
+    if not torch.cuda.is_available():
+        pytest.fail("GPU test run without CUDA")
+    toy = ToyStep("cuda")
+    steps = CapturedSteps(toy.backward, toy.update, toy.optimizer, warmup=5)
+    batches = toy_batches("cuda", [4096] * 5)
+    reserved = []
+    for batch in batches:
+        steps(batch, capture=True)
+        torch.cuda.synchronize()
+        reserved.append(torch.cuda.memory_reserved())
+    assert steps.keys == []
+    assert reserved == reserved[:1] * 5, reserved
 
 
 @pytest.mark.gpu
