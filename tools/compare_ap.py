@@ -2,7 +2,7 @@
 their COCO AP at one epoch, compared by rank statistics.
 
     python tools/compare_ap.py BASELINE=PATH[,PATH ...] CANDIDATE=PATH[,PATH ...]
-        [--metric bbox_mAP] [--epoch N] [--level 0.9] [--out FILE]
+        [--metric bbox_mAP] [--epoch N] [--level 0.9] [--paired] [--out FILE]
 
 A PATH is an mmengine work_dir, one of its scalars.json files, or the
 runs.json that tools/compare_runs.py writes (each of its runs).  Prints each
@@ -12,8 +12,13 @@ and the candidate against the baseline: the Hodges-Lehmann shift in AP
 points with its distribution-free interval and that interval's exact
 coverage, Mann-Whitney's U and its one-sided p-value that the candidate
 scores lower (exact over every split of the pooled runs, ties included;
-bench/step/ap_stats.py).  With --out, all of it as JSON.  Reads only the
-logs: no GPU, mmdet or mmengine needed.
+bench/step/ap_stats.py).  With --paired the i-th run of each group are a
+pair (the same seed: initial weights and data): their differences, the
+paired Hodges-Lehmann shift with its interval and Wilcoxon's signed-rank
+one-sided p-value, exact over every sign assignment; pairing takes what a
+seed does to both runs (a bad start, say) out of the comparison.  With
+--out, all of it as JSON.  Reads only the logs: no GPU, mmdet or mmengine
+needed.
 """
 from __future__ import annotations
 
@@ -47,6 +52,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="the evaluation compared (default: the last any run has)")
     parser.add_argument("--level", type=float, default=0.9,
                         help="the shift interval's coverage at least (default 0.9)")
+    parser.add_argument("--paired", action="store_true",
+                        help="the i-th runs of the two groups share a seed: compare them "
+                             "pair by pair too (the groups' runs in the order given)")
     parser.add_argument("--out", type=Path, metavar="FILE", help="write the comparison as JSON")
     args = parser.parse_args(argv)
     if args.baseline[0] == args.candidate[0]:
@@ -93,6 +101,18 @@ def at_epoch(runs: dict[str, dict[int, float]], epoch: int) -> dict[str, float]:
     return {name: by_epoch[epoch] for name, by_epoch in runs.items()}
 
 
+def paired(base: list[float], cand: list[float], level: float) -> dict:
+    """The paired comparison of ``cand`` with ``base``, run i with run i."""
+    from bench.step.ap_stats import paired_p_lower, paired_shift_interval, signed_rank
+
+    differences = [c - b for b, c in zip(base, cand)]
+    w_plus, ranks = signed_rank(differences)
+    p, method = paired_p_lower(differences)
+    return dict(differences=differences, w_plus=w_plus, w_max=sum(ranks),
+                p_candidate_lower=p, p_method=method,
+                shift=paired_shift_interval(differences, level))
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     from bench.step.ap_stats import mann_whitney_u, p_lower, shift_interval
@@ -107,6 +127,9 @@ def main(argv=None) -> int:
         if epoch is None:
             raise ValueError(f"no run has an evaluation of {args.metric}")
         values = {name: at_epoch(group_runs, epoch) for name, group_runs in runs.items()}
+        if args.paired and len(values[base_name]) != len(values[cand_name]):
+            raise ValueError(f"--paired needs as many {cand_name} runs as {base_name} runs, "
+                             f"got {len(values[cand_name])} and {len(values[base_name])}")
     except (OSError, ValueError) as error:
         raise SystemExit(f"compare_ap.py: {error}") from None
     base, cand = list(values[base_name].values()), list(values[cand_name].values())
@@ -126,6 +149,15 @@ def main(argv=None) -> int:
           f"[{s['low']:+.2f}, {s['high']:+.2f}] (coverage {s['coverage']:.3f}); "
           f"U = {report['u']:g} of {report['pairs']}, one-sided p = {p:.4f} ({method}) "
           f"that {cand_name} scores lower")
+    if args.paired:
+        report["paired"] = paired(base, cand, args.level)
+        q = report["paired"]
+        print("paired, the i-th run with the i-th: differences "
+              + " ".join(f"{d:+.1f}" for d in q["differences"])
+              + f"; shift {q['shift']['shift']:+.2f} AP, interval [{q['shift']['low']:+.2f}, "
+              f"{q['shift']['high']:+.2f}] (coverage {q['shift']['coverage']:.3f}); W+ = "
+              f"{q['w_plus']:g} of {q['w_max']:g}, one-sided p = {q['p_candidate_lower']:.4f} "
+              f"({q['p_method']}) that {cand_name} scores lower")
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(report, indent=1) + "\n")
