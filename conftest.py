@@ -126,3 +126,17 @@ def reference_backend(monkeypatch):
     interpreted kernels (whole-model tests would take minutes in the
     interpreter).  Dispatch reads TRITON_INTERPRET at call time."""
     monkeypatch.setenv("TRITON_INTERPRET", "0")
+
+
+@pytest.fixture
+def quiet_mmengine():
+    """Keep init_weights' per-parameter INFO report out of the test log."""
+    import logging
+
+    from mmengine.logging import MMLogger
+
+    logger = MMLogger.get_current_instance()
+    level = logger.level
+    logger.setLevel(logging.WARNING)
+    yield
+    logger.setLevel(level)

@@ -123,16 +123,16 @@ class CapturedSteps:
     concatenated.
 
     The first ``warmup`` batches of a key run eagerly (on CUDA on a side
-    stream, one for all of them, as capture needs: lazy initialisations, compilation, optimizer
-    state); the next one is captured, then replayed; later batches of the
-    key are copied into the captured batch's tensors and replayed.  Without
-    ``reduce`` the whole step is one CUDA graph; with it, backward and update
-    are two, and ``reduce`` runs eagerly between their replays on the
-    gradients the first writes, which are the same tensors at every replay
-    (an eager collective is watched by its process group, which times it
-    out when a rank stops; a captured one is not).  All graphs share one
-    memory pool.  Where ``capture`` is False (a batch outside the buckets,
-    or not on CUDA), the step runs eagerly.
+    stream, one for all of them, as capture needs: lazy initialisations,
+    compilation, optimizer state); the next one is captured, then replayed;
+    later batches of the key are copied into the captured batch's tensors
+    and replayed.  Without ``reduce`` the whole step is one CUDA graph; with
+    it, backward and update are two, and ``reduce`` runs eagerly between
+    their replays on the gradients the first writes, which are the same
+    tensors at every replay (an eager collective is watched by its process
+    group, which times it out when a rank stops; a captured one is not).
+    All graphs share one memory pool.  Where ``capture`` is False (a batch
+    outside the buckets, or not on CUDA), the step runs eagerly.
 
     The optimizer is made capturable (on CUDA); its learning rates enter the
     graphs as tensors filled from the groups' floats before each replay, so

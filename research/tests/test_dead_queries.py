@@ -7,7 +7,6 @@ from pathlib import Path
 import pytest
 import torch
 from mmengine.config import Config
-from mmengine.logging import MMLogger
 
 import msda_mm  # noqa: F401  (registrations, mmcv-lite shims)
 from research.tests.tools import assert_usage_error, load
@@ -47,7 +46,6 @@ def dead_fraction_at(sign: float) -> tuple:
     invalid positions; and the share of the queries those positions must
     then take."""
     torch.manual_seed(0)
-    MMLogger.get_current_instance().setLevel("WARNING")  # init_weights' report
     model = MODELS.build(copy.deepcopy(
         Config.fromfile(str(CONFIGS / "synthetic" / "dino_tiny_cpu.py")).model))
     model.init_weights()
@@ -83,7 +81,8 @@ def dead_fraction_at(sign: float) -> tuple:
     return fractions, (forced.clamp(0, queries).float().mean() / queries).item()
 
 
-def test_invalid_positions_that_outrank_the_valid_ones_are_the_dead_queries(reference_backend):
+def test_invalid_positions_that_outrank_the_valid_ones_are_the_dead_queries(reference_backend,
+                                                                            quiet_mmengine):
     fractions, forced = dead_fraction_at(1.0)
     # The 32 x 64 image's padding (its feature maps' lower half) is invalid,
     # the 64 x 64 image has no invalid position.
