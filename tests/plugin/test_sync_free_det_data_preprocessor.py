@@ -1,6 +1,7 @@
 """SyncFreeDetDataPreprocessor gives DetDataPreprocessor's data, its host
 tensors moved in one packed copy (CPU: the packing and the rebuild; the CUDA
-copy itself is the GPU test's)."""
+copy itself is the GPU test's); that copy is refused inside a CUDA graph's
+capture."""
 import copy
 
 import pytest
@@ -13,7 +14,7 @@ from mmengine.structures import BaseDataElement
 
 from msda_mm.models import SyncFreeDetDataPreprocessor
 from msda_mm.models.dino.data_preprocessor import plan_move
-from msda_mm.models.dino.one_copy import pack, unpack
+from msda_mm.models.dino.one_copy import pack, to_device, unpack
 
 # DINO's preprocessing (mmdet's config), boxes kept as HorizontalBoxes.
 CFG = dict(mean=[123.675, 116.28, 103.53], std=[58.395, 57.12, 57.375], bgr_to_rgb=True,
@@ -106,6 +107,26 @@ def test_pinned_images_are_copied_as_they_are(monkeypatch):
     moved = build(iter(host))["inputs"]
     assert copies == [dict(non_blocking=True)] * 3
     assert all(m.device.type == "meta" and m.shape == x.shape for m, x in zip(moved, images))
+
+
+def test_a_copy_inside_a_capture_is_refused(monkeypatch):
+    # A captured copy would read its pinned buffer at every replay (capture
+    # needs CUDA: the capture flag stood in).
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    with pytest.raises(RuntimeError, match=r"shapes \[\(2, 3\)\] copied to the device while a "
+                                           r"CUDA graph is captured"):
+        to_device([torch.zeros(2, 3)], torch.device("cuda"))
+
+
+@pytest.mark.gpu
+def test_a_copy_inside_a_real_capture_is_refused():
+    if not torch.cuda.is_available():
+        pytest.fail("GPU test run without CUDA")
+    kept = to_device([torch.arange(4)], torch.device("cuda"))  # made before: allowed
+    with pytest.raises(RuntimeError, match="while a CUDA graph is captured"):
+        with torch.cuda.graph(torch.cuda.CUDAGraph()):
+            kept[0].add_(1)
+            to_device([torch.zeros(2, 3)], torch.device("cuda"))
 
 
 @pytest.mark.parametrize("bgr_to_rgb", [True, False])

@@ -5,7 +5,9 @@ tensor (DINO's data: each image, its GT boxes and its labels).  Here the
 tensors' bytes are packed into one pinned buffer, copied with
 ``non_blocking=True`` (queued behind the work already on the stream; the
 caching host allocator keeps the pinned block until the copy is done) and
-split on the device into views of that copy.
+split on the device into views of that copy.  Such a copy is refused while
+a CUDA graph is captured: every replay would read the pinned buffer again,
+long after it was given to other data.
 """
 from __future__ import annotations
 
@@ -44,8 +46,15 @@ def unpack(buffer: Tensor, layout: Layout) -> List[Tensor]:
 
 def to_device(tensors: Sequence[Tensor], device: torch.device) -> List[Tensor]:
     """``tensors`` (CPU, contiguous or not) on ``device``, contiguous: on CUDA
-    in one pinned, non-blocking copy; elsewhere each by ``Tensor.to``."""
+    in one pinned, non-blocking copy; elsewhere each by ``Tensor.to``.
+    RuntimeError on CUDA while the current stream is captured."""
     if device.type != "cuda" or not tensors:
         return [t.to(device) for t in tensors]
+    if torch.cuda.is_current_stream_capturing():
+        raise RuntimeError(
+            f"{len(tensors)} host tensor(s) of shapes {[tuple(t.shape) for t in tensors]} "
+            f"copied to the device while a CUDA graph is captured: each replay would read "
+            f"their pinned buffer again, after it holds other data; make them on the device, "
+            f"or once before the capture and keep them")
     buffer, layout = pack(tensors, pin=True)
     return unpack(buffer.to(device, non_blocking=True), layout)
