@@ -43,7 +43,23 @@ def test_a_step_checked_against_itself_is_at_zero():
     make_step(model, optimizer, data)()  # the optimizer's state exists
     step = make_step(model, optimizer, data)
     _, check = check_step(model, optimizer, step, step, torch.default_generator)
-    assert check == dict(update=0.0, update_floor=0.0, buffers=0.0, buffers_floor=0.0)
+    assert check == dict(update=0.0, update_floor=0.0, buffers=0.0, buffers_floor=0.0,
+                         update_along=0.0, update_along_floor=0.0)
+
+
+@pytest.mark.parametrize("lr_scale, along", [(2.0, 1.0), (0.5, -0.5)])
+def test_a_longer_or_shorter_update_shows_its_sign(lr_scale, along):
+    """An update at twice (half) the eager one's learning rate goes about
+    once (half) its length further (shorter) along it, and the second
+    eager run, the same step, 0 (AdamW's decoupled decay scales with the
+    rate too, so the whole update does)."""
+    model, optimizer = toy()
+    data = torch.randn(8, 4)
+    make_step(model, optimizer, data)()
+    _, check = check_step(model, optimizer, make_step(model, optimizer, data, lr_scale),
+                          make_step(model, optimizer, data), torch.default_generator)
+    assert check["update_along"] == pytest.approx(along, rel=0.05)
+    assert check["update_along_floor"] == 0.0
 
 
 @pytest.mark.parametrize("lr_scale, bn, moved", [(2.0, True, "update"), (1.0, False, "buffers")])

@@ -133,6 +133,14 @@ def relative_distances(pairs) -> list[float]:
     return torch.stack([(a - b).norm() / b.norm().clamp_min(1e-30) for a, b in pairs]).tolist()
 
 
+def relative_along(pairs) -> list[float]:
+    """<a - b, b> / ||b||^2 (0 where b is 0) of each pair (a, b): how much
+    further than b (negative: shorter) a goes along b's direction, signed,
+    which a distance cannot tell; read from the device at once."""
+    return torch.stack([torch.dot(a - b, b) / b.square().sum().clamp_min(1e-30)
+                        for a, b in pairs]).tolist()
+
+
 def check_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                step: Callable[[], Any], eager_step: Callable[[], Any],
                generator: torch.Generator) -> tuple[Any, dict]:
@@ -144,7 +152,11 @@ def check_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
     distances, each relative to the first eager step's change: of step()'s
     change of the parameters from it (``update``) and of the second eager
     step's (``update_floor``: what the run-to-run rounding alone gives), and
-    the same of the floating-point buffers (``buffers``, ``buffers_floor``)."""
+    the same of the floating-point buffers (``buffers``, ``buffers_floor``);
+    and, signed, how much further than the first eager step's each goes
+    along its update's direction (``update_along``, ``update_along_floor``,
+    relative_along): rounding scatters it about 0 from check to check,
+    a step that updates systematically more or less keeps one sign."""
     names = state_names(model)
     start, draws = training_state(model, optimizer), generator.get_state()
     result = step()
@@ -166,4 +178,6 @@ def check_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
     distances = relative_distances([(stepped, eager), (again, eager),
                                     (stepped_buffers, eager_buffers),
                                     (again_buffers, eager_buffers)])
-    return result, dict(zip(("update", "update_floor", "buffers", "buffers_floor"), distances))
+    along = relative_along([(stepped, eager), (again, eager)])
+    return result, dict(zip(("update", "update_floor", "buffers", "buffers_floor",
+                             "update_along", "update_along_floor"), distances + along))

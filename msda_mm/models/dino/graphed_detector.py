@@ -108,8 +108,10 @@ class GraphedDINO(SyncFreeDINO):
             the replay started in (``msda_mm.parity.training.check_step``),
             the replay's result kept, and a log line gives the distance of
             the replay's parameter and BN-statistics changes from the eager
-            step's beside the second eager step's (the rounding's floor).
-            Each check costs two eager steps and waits on the device once.
+            step's beside the second eager step's (the rounding's floor),
+            and how much further or shorter (signed) than the eager update
+            the replay's goes along it.  Each check costs two eager steps
+            and waits on the device once.
     """
 
     def __init__(self, *args, canvas_sizes: Sequence[Tuple[int, int]] = ((800, 1333),
@@ -203,8 +205,9 @@ class GraphedDINO(SyncFreeDINO):
                   f"eagerly twice from one state: the replay's update is "
                   f"{check['update']:.3g} from the eager one's (the second eager run's "
                   f"{check['update_floor']:.3g}), its BN statistics' change "
-                  f"{check['buffers']:.3g} ({check['buffers_floor']:.3g}), relative",
-                  logger="current")
+                  f"{check['buffers']:.3g} ({check['buffers_floor']:.3g}), relative; "
+                  f"along the eager update it goes {check['update_along']:+.3g} further "
+                  f"({check['update_along_floor']:+.3g})", logger="current")
         return values
 
     def _report_capture(self, steps: CapturedSteps, key: tuple) -> None:
