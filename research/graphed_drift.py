@@ -14,7 +14,8 @@ atomic sums' order alone changes).  Per step: each side's logged losses and
 gradient norm, and the distance between the parameter updates, graphed
 against eager and eager against eager again, in all and per parameter, and
 between the float buffers' changes (BN's running statistics, which only an
-evaluation reads) likewise.  A
+evaluation reads) likewise, and, signed, how much further or shorter than
+the eager update the graphed one goes along it (a bias keeps one sign).  A
 replay that computed another step stands above the floor; one that computes
 the same step up to rounding stays at it.  The graphed model trains on from
 its own state, so the steps follow a run from its start; the learning rate
@@ -49,6 +50,8 @@ WINDOW = 50  # steps per row of the summary
 # A row's distances between the sides' changes of the parameters and the buffers.
 DISTANCES = ("update_graphed_vs_eager", "buffers_graphed_vs_eager", "update_eager_vs_eager",
              "buffers_eager_vs_eager")
+# A row's signed excess of each side's update along the eager one's (relative_along).
+ALONG = ("update_along_graphed", "update_along_eager")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -123,7 +126,8 @@ def per_parameter(update, reference, sizes):
 
 def summarize(rows: list, names: list, graphed_err, floor_err) -> dict:
     """Per window of steps, the medians of the distances and of the
-    graphed-to-eager gradient-norm ratio (and the floor's); the parameters
+    graphed-to-eager gradient-norm ratio (and the floor's), the means of the
+    signed excesses along the eager update; the parameters
     whose mean graphed distance is furthest above their mean floor."""
     windows = []
     for start in range(0, len(rows), WINDOW):
@@ -135,6 +139,8 @@ def summarize(rows: list, names: list, graphed_err, floor_err) -> dict:
             buffers_graphed_vs_eager=statistics.median(
                 r["buffers_graphed_vs_eager"] for r in part),
             buffers_eager_vs_eager=statistics.median(r["buffers_eager_vs_eager"] for r in part),
+            update_along_graphed=statistics.mean(r["update_along_graphed"] for r in part),
+            update_along_eager=statistics.mean(r["update_along_eager"] for r in part),
             grad_norm_graphed_over_eager=statistics.median(
                 r["graphed"]["grad_norm"] / r["eager"]["grad_norm"] for r in part),
             grad_norm_eager_over_eager=statistics.median(
@@ -177,7 +183,9 @@ def main(argv=None) -> int:
         for row in run.compared(kept):
             print(f"step {row['step']}: update graphed/eager "
                   f"{row['update_graphed_vs_eager']:.3g}, eager/eager "
-                  f"{row['update_eager_vs_eager']:.3g}; grad norm "
+                  f"{row['update_eager_vs_eager']:.3g}; along the eager update "
+                  f"{row['update_along_graphed']:+.3g} / {row['update_along_eager']:+.3g}; "
+                  f"grad norm "
                   f"{row['graphed']['grad_norm']:.4g} / {row['eager']['grad_norm']:.4g} / "
                   f"{row['eager_again']['grad_norm']:.4g}", flush=True)
         report = dict(config=args.config, steps=len(run.rows), burst=args.burst,
@@ -241,7 +249,12 @@ class Run:
     def compared(self, kept: list) -> list:
         """The twin's steps from each kept state, twice, against the graphed
         model's: the rows they add."""
-        from msda_mm.parity.training import flat_tensors, load_training_state, relative_distances
+        from msda_mm.parity.training import (
+            flat_tensors,
+            load_training_state,
+            relative_along,
+            relative_distances,
+        )
 
         *steps, after = kept
         rows = []
@@ -269,6 +282,8 @@ class Run:
                 **dict(zip(DISTANCES, relative_distances(
                     [(changes["graphed"], changes["eager"]) for changes in (updates, moved)] +
                     [(changes["eager_again"], changes["eager"]) for changes in (updates, moved)]))),
+                **dict(zip(ALONG, relative_along([(updates["graphed"], updates["eager"]),
+                                                  (updates["eager_again"], updates["eager"])]))),
                 **{side: {k: float(v) for k, v in log.items()} for side, log in logs.items()}))
         self.rows += rows
         return rows

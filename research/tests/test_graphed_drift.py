@@ -19,6 +19,7 @@ def row(step, graphed_norm, eager_norm):
     log = lambda norm: dict(loss=2.0, grad_norm=norm)  # noqa: E731
     return dict(step=step, update_graphed_vs_eager=0.2, update_eager_vs_eager=0.1,
                 buffers_graphed_vs_eager=0.4, buffers_eager_vs_eager=0.3,
+                update_along_graphed=-0.01 * (step % 2), update_along_eager=0.0,
                 graphed=log(graphed_norm), eager=log(eager_norm), eager_again=log(eager_norm))
 
 
@@ -32,6 +33,9 @@ def test_summary_gives_windows_and_the_parameters_furthest_above_the_floor():
     assert first["grad_norm_eager_over_eager"] == 1.0
     assert first["update_graphed_vs_eager"] == 0.2 and first["update_eager_vs_eager"] == 0.1
     assert first["buffers_graphed_vs_eager"] == 0.4 and first["buffers_eager_vs_eager"] == 0.3
+    # Signed: a mean, which keeps a bias's sign where a median may not.
+    assert first["update_along_graphed"] == pytest.approx(-0.005)
+    assert first["update_along_eager"] == 0.0
     furthest = summary["parameters_furthest_above_floor"]
     assert [p["name"] for p in furthest] == ["b", "a"]
     assert furthest[0]["mean_graphed_vs_eager"] == pytest.approx(1.0)
