@@ -42,6 +42,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
 
 import common  # noqa: E402
+from train import check_precision  # noqa: E402
 
 
 class StepsDone(Exception):
@@ -76,7 +77,8 @@ def dead_fraction(reference_points: torch.Tensor, num_queries: int) -> float:
 
 def seed_config(cfg, seed: int, batch_size: int, out: Path, on_cpu: bool):
     """``cfg`` for one seed's run: its own work_dir, no checkpoints, the
-    loader in this process; on CPU fp32 and without compiled layers."""
+    loader in this process; on CPU fp32 (tools/train.py's check_precision
+    drops the AMP-only arguments) and without compiled layers."""
     cfg = copy.deepcopy(cfg)
     cfg.randomness = dict(cfg.get("randomness", {}), seed=seed)
     cfg.work_dir = str(out / f"seed{seed}")
@@ -85,8 +87,8 @@ def seed_config(cfg, seed: int, batch_size: int, out: Path, on_cpu: bool):
     cfg.train_dataloader.persistent_workers = False
     cfg.default_hooks.checkpoint = None
     if on_cpu:
-        cfg.optim_wrapper = dict(cfg.optim_wrapper, type="OptimWrapper")
-        cfg.optim_wrapper.pop("dtype", None)
+        cfg.optim_wrapper.type = "OptimWrapper"
+        check_precision(cfg, cfg.filename)
         cfg.custom_hooks = [hook for hook in cfg.get("custom_hooks", [])
                             if hook.get("type") != "CompileSubmodulesHook"]
     return cfg
