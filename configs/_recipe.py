@@ -75,6 +75,12 @@ graphed_model = dict(fastest_model, type='GraphedDINO',
 # most 6 shapes an image).
 synthetic_graphed_model = dict(graphed_model, canvas_sizes=[(512, 512)], gt_caps=[6])
 tiny_graphed_model = dict(graphed_model, canvas_sizes=[(128, 128)], gt_caps=[6])
+# Their layers compiled for each shape on its own (static shapes), so that an
+# eager step of a key runs the kernels its graph replays and, under
+# deterministic algorithms, a graphed run is the eager run bit for bit
+# (torch.compile's default recompiles for dynamic shapes at the second key);
+# the COCO canvases' keys would pass torch.compile's recompile limit (8).
+static_compile_layers_hook = dict(compile_layers_hook, dynamic=False)
 # Its model wrapper under a distributed launch (mmengine's
 # MMDistributedDataParallel would call the model's loss, eagerly): the step
 # stays the model's, the gradients averaged over the ranks between its

@@ -172,6 +172,19 @@ def test_graphed_configs_take_the_graphed_wrapper():
     assert MODEL_WRAPPERS.get("GraphedDataParallel") is GraphedDataParallel
 
 
+def test_graphed_configs_of_one_canvas_compile_each_shape_on_its_own():
+    # Then an eager step of a key runs the kernels its graph replays, and under
+    # deterministic algorithms a graphed run is the eager run bit for bit
+    # (docs/training.md); many canvases would pass torch.compile's recompile limit.
+    graphed = {name: _load(name) for name in ALL if _load(name).model.type == "GraphedDINO"}
+    static = {name for name, cfg in graphed.items()
+              for hook in cfg.custom_hooks if hook["type"] == "CompileSubmodulesHook"
+              and hook.get("dynamic") is False}
+    one_canvas = {name for name, cfg in graphed.items() if len(cfg.model.canvas_sizes) == 1}
+    assert static == one_canvas == {"synthetic/dino_r50_synthetic_graphed.py",
+                                    "synthetic/dino_tiny_graphed.py"}
+
+
 @pytest.mark.parametrize("name", ALL)
 def test_learned_bn_statistics_are_synced_across_ranks(name):
     # Under DDP each rank updates its own BN buffers; a config whose backbone

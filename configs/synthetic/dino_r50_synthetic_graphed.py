@@ -6,5 +6,5 @@ model = {{_base_.synthetic_graphed_model}}
 optim_wrapper = {{_base_.fast_optim_wrapper}}
 model_wrapper_cfg = {{_base_.graphed_data_parallel}}
 train_dataloader = {{_base_.pinned_loader}}
-custom_hooks = [dict(type='SyncBuffersHook'), {{_base_.compile_layers_hook}},
+custom_hooks = [dict(type='SyncBuffersHook'), {{_base_.static_compile_layers_hook}},
                 {{_base_.stop_loader_workers_hook}}]

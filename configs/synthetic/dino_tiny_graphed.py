@@ -10,5 +10,5 @@ train_dataloader = {{_base_.pinned_loader}}
 custom_hooks = [
     dict(type='SyncBuffersHook'),
     dict(type='NumThreadsHook', num_threads=1),
-    {{_base_.compile_layers_hook}},
+    {{_base_.static_compile_layers_hook}},
 ]
