@@ -176,7 +176,7 @@ def test_graphed_configs_of_one_canvas_compile_each_shape_on_its_own():
     # Then an eager step of a key runs the kernels its graph replays, and under
     # deterministic algorithms a graphed run is the eager run bit for bit
     # (docs/training.md); many canvases would pass torch.compile's recompile limit.
-    graphed = {name: _load(name) for name in ALL if _load(name).model.type == "GraphedDINO"}
+    graphed = {name: cfg for name in ALL if (cfg := _parsed(name)).model.type == "GraphedDINO"}
     static = {name for name, cfg in graphed.items()
               for hook in cfg.custom_hooks if hook["type"] == "CompileSubmodulesHook"
               and hook.get("dynamic") is False}
